@@ -1,0 +1,107 @@
+"""Names and values shared by the webhook, the controller and the manifests.
+
+These are part of the compatibility contract with the reference Lumigo operator: changing one
+breaks users' selectors, dashboards or existing instrumented workloads.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- API identity -------------------------------------------------------------------------
+GROUP: Final = "operator.lumigo.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "Lumigo"
+LIST_KIND: Final = "LumigoList"
+PLURAL: Final = "lumigoes"
+SINGULAR: Final = "lumigo"
+SHORT_NAMES: Final = ("lmg",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+FINALIZER: Final = "operator.lumigo.io/lumigo-finalizer"
+
+# --- Labels -------------------------------------------------------------------------------
+LABEL_AUTO_TRACE: Final = "lumigo.auto-trace"
+AUTO_TRACE_VERSION_PREFIX: Final = "lumigo-operator.v"
+AUTO_TRACE_FALSE: Final = "false"
+AUTO_TRACE_TRUE: Final = "true"
+AUTO_TRACE_SKIP_NEXT_INJECTOR: Final = "skip-next-injector"
+
+# Label-based opt-in when there is no Lumigo resource in the namespace.
+LABEL_TOKEN_SECRET: Final = "lumigo.token-secret"
+LABEL_TOKEN_KEY: Final = "lumigo.token-key"
+LABEL_ENABLE_TRACES: Final = "lumigo.enable-traces"
+LABEL_ENABLE_LOGS: Final = "lumigo.enable-logs"
+DEFAULT_TOKEN_SECRET: Final = "lumigo-credentials"
+DEFAULT_TOKEN_KEY: Final = "token"
+
+# --- Conditions ---------------------------------------------------------------------------
+CONDITION_ACTIVE: Final = "Active"
+CONDITION_ERROR: Final = "Error"
+
+# --- Event reasons ------------------------------------------------------------------------
+REASON_ADDED: Final = "LumigoAddedInstrumentation"
+REASON_REMOVED: Final = "LumigoRemovedInstrumentation"
+REASON_UPDATED: Final = "LumigoUpdatedInstrumentation"
+REASON_CANNOT_ADD: Final = "LumigoCannotAddInstrumentation"
+REASON_CANNOT_REMOVE: Final = "LumigoCannotRemoveInstrumentation"
+REASON_CANNOT_UPDATE: Final = "LumigoCannotUpdateInstrumentation"
+
+# --- Injection ----------------------------------------------------------------------------
+INJECTOR_VOLUME: Final = "lumigo-injector"
+INJECTOR_INIT_CONTAINER: Final = "lumigo-injector"
+INJECTOR_VOLUME_SIZE_LIMIT: Final = "200M"
+INJECTOR_TARGET_DIRECTORY: Final = "/target"
+LUMIGO_MOUNT_PATH: Final = "/opt/lumigo"
+LD_PRELOAD_VALUE: Final = "/opt/lumigo/injector/lumigo_injector.so"
+DEFAULT_INJECTOR_IMAGE: Final = "public.ecr.aws/lumigo/lumigo-autotrace:latest"
+DEFAULT_INIT_CONTAINER_UID: Final = 1234
+
+ENV_LD_PRELOAD: Final = "LD_PRELOAD"
+ENV_TRACER_TOKEN: Final = "LUMIGO_TRACER_TOKEN"
+ENV_ENDPOINT: Final = "LUMIGO_ENDPOINT"
+ENV_LOGS_ENDPOINT: Final = "LUMIGO_LOGS_ENDPOINT"
+ENV_ENABLE_LOGS: Final = "LUMIGO_ENABLE_LOGS"
+ENV_ENABLE_TRACES: Final = "LUMIGO_ENABLE_TRACES"
+ENV_CONTAINER_NAME: Final = "LUMIGO_CONTAINER_NAME"
+INJECTED_ENV_NAMES: Final = (
+    ENV_LD_PRELOAD,
+    ENV_TRACER_TOKEN,
+    ENV_ENDPOINT,
+    ENV_LOGS_ENDPOINT,
+    ENV_ENABLE_LOGS,
+    ENV_ENABLE_TRACES,
+    ENV_CONTAINER_NAME,
+)
+# Where we keep a user's own LD_PRELOAD so that removal can restore it exactly (our fix of the
+# reference, which overwrote it). Stored on the container as an env var nobody else reads.
+ENV_ORIGINAL_LD_PRELOAD: Final = "LUMIGO_ORIGINAL_LD_PRELOAD"
+
+DEFAULT_TELEMETRY_PROXY_SERVICE: Final = (
+    "http://lumigo-lumigo-operator-telemetry-proxy-service.lumigo-system.svc.cluster.local"
+)
+
+# --- Token validation ---------------------------------------------------------------------
+# Unanchored on purpose: the reference searches, it does not full-match.
+TOKEN_PATTERN: Final = r"t_[0-9A-Fa-f]{21}"
+
+# --- Workload kinds -----------------------------------------------------------------------
+# (apiVersion, kind, plural) in the order the reference uses for status and injection.
+WORKLOAD_KINDS: Final = (
+    ("apps/v1", "DaemonSet", "daemonsets"),
+    ("apps/v1", "Deployment", "deployments"),
+    ("apps/v1", "ReplicaSet", "replicasets"),
+    ("apps/v1", "StatefulSet", "statefulsets"),
+    ("batch/v1", "CronJob", "cronjobs"),
+    ("batch/v1", "Job", "jobs"),
+)
+KIND_ORDER: Final = {kind: i for i, (_, kind, _) in enumerate(WORKLOAD_KINDS)}
+
+# --- Webhooks -----------------------------------------------------------------------------
+INJECT_PATH: Final = "/v1alpha1/inject"
+MUTATE_PATH: Final = "/v1alpha1/mutate"
+INJECTOR_WEBHOOK_NAME: Final = "lumigoinjector.kb.io"
+DEFAULTER_WEBHOOK_NAME: Final = "lumigodefaulter.kb.io"
+
+LEADER_ELECTION_ID: Final = "1447aab8.lumigo.io"

@@ -1,0 +1,141 @@
+"""Generate the `lumigoes.operator.lumigo.io` CRD from the marshmallow schemas.
+
+Generating (rather than hand-writing) the OpenAPI schema keeps the API server's validation and
+defaulting identical to what the operator loads; `make manifests` writes the YAML and a unit test
+fails when the committed file drifts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import marshmallow
+from marshmallow import Schema, fields
+
+from api import constants
+from api.lumigo import LumigoSpecSchema, LumigoStatusSchema, StrictBoolean
+
+JSONSchema = dict[str, Any]
+
+
+def field_schema(field: fields.Field) -> JSONSchema:
+    """OpenAPI v3 (structural) schema for one marshmallow field."""
+    out: JSONSchema
+    if isinstance(field, fields.Nested):
+        nested = field.nested
+        schema = nested() if isinstance(nested, type) else nested
+        assert isinstance(schema, Schema)
+        out = object_schema(schema)
+        if field.load_default is not marshmallow.missing:
+            # An absent object is defaulted to {} so the API server fills the nested defaults.
+            out["default"] = {}
+    elif isinstance(field, fields.List):
+        out = {"type": "array", "items": field_schema(field.inner)}
+    elif isinstance(field, StrictBoolean):
+        out = {"type": "boolean"}
+        if field.load_default is not marshmallow.missing:
+            out["default"] = field.load_default
+    elif isinstance(field, fields.DateTime):
+        out = {"type": "string", "format": "date-time"}
+    elif isinstance(field, fields.Integer):
+        out = {"type": "integer", "format": "int64"}
+    elif isinstance(field, fields.String):
+        out = {"type": "string"}
+        for validator in field.validators:
+            if isinstance(validator, marshmallow.validate.OneOf):
+                out["enum"] = list(validator.choices)
+    else:  # pragma: no cover - a new field type must be mapped explicitly
+        raise TypeError(f"no OpenAPI mapping for {type(field).__name__}")
+    description = field.metadata.get("description")
+    if description:
+        out = {"description": description, **out}
+    return out
+
+
+def object_schema(schema: Schema) -> JSONSchema:
+    properties = {
+        (f.data_key or name): field_schema(f) for name, f in sorted(schema.fields.items())
+    }
+    properties = dict(sorted(properties.items()))
+    out: JSONSchema = {"type": "object", "properties": properties}
+    required = sorted((f.data_key or name) for name, f in schema.fields.items() if f.required)
+    if required:
+        out["required"] = required
+    return out
+
+
+def printer_columns() -> list[JSONSchema]:
+    return [
+        {
+            "name": "Active",
+            "type": "string",
+            "description": "Whether tracing is active in this namespace",
+            "jsonPath": '.status.conditions[?(@.type=="Active")].status',
+        },
+        {
+            "name": "Error",
+            "type": "string",
+            "description": "What to fix, when the resource is in error",
+            "jsonPath": '.status.conditions[?(@.type=="Error")].message',
+        },
+        {
+            "name": "Age",
+            "type": "date",
+            "jsonPath": ".metadata.creationTimestamp",
+        },
+    ]
+
+
+def crd_manifest() -> JSONSchema:
+    spec = object_schema(LumigoSpecSchema())
+    spec["description"] = "Desired tracing and telemetry settings for this namespace."
+    status = object_schema(LumigoStatusSchema())
+    status["description"] = "Observed state of the Lumigo resource."
+    conditions = status["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    status["properties"]["instrumentedResources"]["items"]["x-kubernetes-map-type"] = "atomic"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": constants.CRD_NAME,
+            "labels": {"app.kubernetes.io/part-of": "lumigo-operator"},
+        },
+        "spec": {
+            "group": constants.GROUP,
+            "names": {
+                "kind": constants.KIND,
+                "listKind": constants.LIST_KIND,
+                "plural": constants.PLURAL,
+                "singular": constants.SINGULAR,
+                "shortNames": list(constants.SHORT_NAMES),
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": constants.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": printer_columns(),
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "description": (
+                                "Lumigo turns on automatic distributed tracing for the Python and"
+                                " Node.js workloads of its namespace."
+                            ),
+                            "type": "object",
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,374 @@
+"""The `Lumigo` v1alpha1 resource: typed model plus the marshmallow schemas that load it.
+
+The schemas are the single source of truth for fields and defaults: the CRD's OpenAPI schema
+is generated from them (`api.crd`), and the defaulting webhook fills defaults by loading then
+dumping a spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import marshmallow
+from marshmallow import EXCLUDE, Schema, fields, post_load
+
+from api import constants
+
+
+class InvalidSpecError(ValueError):
+    """A Lumigo spec that cannot be loaded; the message names every bad field and why."""
+
+    def __init__(self, problems: dict[str, str]) -> None:
+        self.problems = problems
+        super().__init__(
+            "invalid Lumigo spec: " + "; ".join(f"{p}: {m}" for p, m in sorted(problems.items()))
+        )
+
+
+class StrictBoolean(fields.Boolean):
+    """Only JSON true/false: marshmallow's Boolean would silently accept "yes", 1 or "off"."""
+
+    default_error_messages = {"invalid": "must be a boolean (true or false), got {input!r}"}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        raise self.make_error("invalid", input=value)
+
+
+class StrictString(fields.String):
+    default_error_messages = {"invalid": "must be a string, got {input!r}"}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
+        if isinstance(value, str):
+            return value
+        raise self.make_error("invalid", input=value)
+
+
+class _Base(Schema):
+    class Meta:
+        unknown = EXCLUDE  # the API server prunes unknown fields; be lenient when reading
+
+    error_messages = {"type": "must be an object"}
+
+
+# --- spec ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    name: str = ""
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class LumigoToken:
+    secret_ref: SecretRef = field(default_factory=SecretRef)
+
+
+@dataclass(frozen=True)
+class Injection:
+    enabled: bool = True
+    inject_lumigo_into_existing_resources_on_creation: bool = True
+    remove_lumigo_from_resources_on_deletion: bool = True
+
+
+@dataclass(frozen=True)
+class Tracing:
+    enabled: bool = True
+    injection: Injection = field(default_factory=Injection)
+
+
+@dataclass(frozen=True)
+class Logging:
+    enabled: bool = False
+
+
+@dataclass(frozen=True)
+class KubeEvents:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Infrastructure:
+    enabled: bool = True
+    kube_events: KubeEvents = field(default_factory=KubeEvents)
+
+
+@dataclass(frozen=True)
+class LumigoSpec:
+    lumigo_token: LumigoToken = field(default_factory=LumigoToken)
+    tracing: Tracing = field(default_factory=Tracing)
+    logging: Logging = field(default_factory=Logging)
+    infrastructure: Infrastructure = field(default_factory=Infrastructure)
+
+
+class SecretRefSchema(_Base):
+    name = StrictString(
+        required=True,
+        metadata={"description": "Name of the Secret, in the same namespace, holding the token."},
+    )
+    key = StrictString(
+        load_default="",
+        # "" is Go's zero value (absent), not a schema default: the CRD declares no default.
+        metadata={"description": "Key in the Secret whose value is the Lumigo token.", "zero": True},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> SecretRef:
+        return SecretRef(**data)
+
+
+class LumigoTokenSchema(_Base):
+    secretRef = fields.Nested(  # noqa: N815 - the field name is the wire name
+        SecretRefSchema,
+        data_key="secretRef",
+        attribute="secret_ref",
+        load_default=SecretRef,
+        metadata={"description": "Reference to the Kubernetes Secret holding the Lumigo token."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> LumigoToken:
+        return LumigoToken(**data)
+
+
+class InjectionSchema(_Base):
+    enabled = StrictBoolean(
+        load_default=True,
+        metadata={"description": "Inject the Lumigo tracers into workloads of this namespace."},
+    )
+    injectLumigoIntoExistingResourcesOnCreation = StrictBoolean(  # noqa: N815
+        attribute="inject_lumigo_into_existing_resources_on_creation",
+        load_default=True,
+        metadata={"description": "Instrument the workloads that already exist on activation."},
+    )
+    removeLumigoFromResourcesOnDeletion = StrictBoolean(  # noqa: N815
+        attribute="remove_lumigo_from_resources_on_deletion",
+        load_default=True,
+        metadata={"description": "Remove instrumentation when this resource is deleted."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> Injection:
+        return Injection(**data)
+
+
+class TracingSchema(_Base):
+    enabled = StrictBoolean(
+        load_default=True,
+        metadata={"description": "Sets LUMIGO_ENABLE_TRACES in instrumented containers."},
+    )
+    injection = fields.Nested(
+        InjectionSchema,
+        load_default=Injection,
+        metadata={"description": "How workloads are instrumented."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> Tracing:
+        return Tracing(**data)
+
+
+class LoggingSchema(_Base):
+    enabled = StrictBoolean(
+        load_default=False,
+        metadata={"description": "Sets LUMIGO_ENABLE_LOGS in instrumented containers."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> Logging:
+        return Logging(**data)
+
+
+class KubeEventsSchema(_Base):
+    enabled = StrictBoolean(
+        load_default=True,
+        metadata={"description": "Collect Kubernetes events and object versions."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> KubeEvents:
+        return KubeEvents(**data)
+
+
+class InfrastructureSchema(_Base):
+    enabled = StrictBoolean(
+        load_default=True,
+        metadata={"description": "Collect infrastructure telemetry for this namespace."},
+    )
+    kubeEvents = fields.Nested(  # noqa: N815
+        KubeEventsSchema,
+        attribute="kube_events",
+        load_default=KubeEvents,
+        metadata={"description": "Kubernetes events and object versions collection."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> Infrastructure:
+        return Infrastructure(**data)
+
+
+class LumigoSpecSchema(_Base):
+    lumigoToken = fields.Nested(  # noqa: N815
+        LumigoTokenSchema,
+        attribute="lumigo_token",
+        load_default=LumigoToken,
+        metadata={"description": "Where to find the Lumigo token of this namespace."},
+    )
+    tracing = fields.Nested(
+        TracingSchema,
+        load_default=Tracing,
+        metadata={"description": "Distributed tracing of the namespace's workloads."},
+    )
+    logging = fields.Nested(
+        LoggingSchema,
+        load_default=Logging,
+        metadata={"description": "Log collection from the namespace's workloads."},
+    )
+    infrastructure = fields.Nested(
+        InfrastructureSchema,
+        load_default=Infrastructure,
+        metadata={"description": "Infrastructure telemetry (Kubernetes events and objects)."},
+    )
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> LumigoSpec:
+        return LumigoSpec(**data)
+
+
+# --- status -------------------------------------------------------------------------------
+
+
+class ConditionSchema(_Base):
+    """metav1.Condition-shaped: the reference's fields plus `reason` and `observedGeneration`."""
+
+    type = StrictString(
+        required=True,
+        validate=marshmallow.validate.OneOf([constants.CONDITION_ACTIVE, constants.CONDITION_ERROR]),
+        metadata={"description": "Active or Error."},
+    )
+    status = StrictString(
+        required=True,
+        validate=marshmallow.validate.OneOf(["True", "False", "Unknown"]),
+        metadata={"description": "True, False or Unknown."},
+    )
+    lastUpdateTime = fields.DateTime(  # noqa: N815
+        required=True, format="iso", metadata={"description": "Last time the condition was set."}
+    )
+    lastTransitionTime = fields.DateTime(  # noqa: N815
+        required=True,
+        format="iso",
+        metadata={"description": "Last time the status flipped."},
+    )
+    message = StrictString(
+        required=True, metadata={"description": "Human-readable details; empty when fine."}
+    )
+    reason = StrictString(
+        load_default="", metadata={"description": "CamelCase reason for the last transition."}
+    )
+    observedGeneration = fields.Integer(  # noqa: N815
+        load_default=0,
+        strict=True,
+        metadata={"description": "The .metadata.generation the condition was computed from."},
+    )
+
+
+class ObjectReferenceSchema(_Base):
+    apiVersion = StrictString(load_default="")  # noqa: N815
+    kind = StrictString(load_default="")
+    namespace = StrictString(load_default="")
+    name = StrictString(load_default="")
+    uid = StrictString(load_default="")
+    resourceVersion = StrictString(load_default="")  # noqa: N815
+    fieldPath = StrictString(load_default="")  # noqa: N815
+
+
+class LumigoStatusSchema(_Base):
+    conditions = fields.List(
+        fields.Nested(ConditionSchema),
+        required=True,
+        metadata={"description": "Active and Error conditions of this Lumigo resource."},
+    )
+    instrumentedResources = fields.List(  # noqa: N815
+        fields.Nested(ObjectReferenceSchema),
+        required=True,
+        metadata={"description": "Workloads of the namespace currently instrumented."},
+    )
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def _flatten(messages: Any, prefix: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if isinstance(messages, Mapping):
+        for key, value in messages.items():
+            path = prefix if key == "_schema" else f"{prefix}.{key}"
+            out.update(_flatten(value, path))
+    elif isinstance(messages, list):
+        texts = [m for m in messages if isinstance(m, str)]
+        nested = [m for m in messages if not isinstance(m, str)]
+        if texts:
+            out[prefix] = _humanise("; ".join(texts))
+        for m in nested:
+            out.update(_flatten(m, prefix))
+    else:
+        out[prefix] = _humanise(str(messages))
+    return out
+
+
+def _humanise(message: str) -> str:
+    replacements = {
+        "Missing data for required field.": "is required",
+        "Invalid input type.": "must be an object",
+    }
+    return replacements.get(message, message)
+
+
+def load_spec(raw: Any) -> LumigoSpec:
+    """Load a spec dict (missing parts defaulted); raises InvalidSpecError naming each field."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise InvalidSpecError({"spec": "must be an object"})
+    try:
+        spec: LumigoSpec = LumigoSpecSchema().load(dict(raw))
+    except marshmallow.ValidationError as err:
+        raise InvalidSpecError(_flatten(err.messages, "spec")) from None
+    return spec
+
+
+def dump_spec(spec: LumigoSpec) -> dict[str, Any]:
+    """The wire form of a spec, every default spelled out (what the defaulter writes back)."""
+    ref = spec.lumigo_token.secret_ref
+    inj = spec.tracing.injection
+    return {
+        "lumigoToken": {"secretRef": {"name": ref.name, "key": ref.key}},
+        "tracing": {
+            "enabled": spec.tracing.enabled,
+            "injection": {
+                "enabled": inj.enabled,
+                "injectLumigoIntoExistingResourcesOnCreation": (
+                    inj.inject_lumigo_into_existing_resources_on_creation
+                ),
+                "removeLumigoFromResourcesOnDeletion": inj.remove_lumigo_from_resources_on_deletion,
+            },
+        },
+        "logging": {"enabled": spec.logging.enabled},
+        "infrastructure": {
+            "enabled": spec.infrastructure.enabled,
+            "kubeEvents": {"enabled": spec.infrastructure.kube_events.enabled},
+        },
+    }
+
+
+def validate_status(raw: Any) -> list[str]:
+    """Problems with a status dict, as `status.<path>: <message>` lines (empty when valid)."""
+    try:
+        LumigoStatusSchema().load(raw if isinstance(raw, Mapping) else {})
+    except marshmallow.ValidationError as err:
+        return [f"{p}: {m}" for p, m in sorted(_flatten(err.messages, "status").items())]
+    return []

@@ -1,0 +1,597 @@
+#!/usr/bin/env python3
+"""A real, throw-away Kubernetes control plane on loopback, for tests and `make run`.
+
+Minimal mode starts etcd + kube-apiserver with the flags envtest uses (fresh certificates, RBAC,
+a service-account signing key, the admin user as a client certificate in `system:masters`).
+Full mode adds kube-controller-manager, kube-scheduler and kwok with one fake node, so that
+Deployments get ReplicaSets, pods get scheduled and become Running, and garbage collection works.
+
+Every process is started in its own session with PR_SET_PDEATHSIG, so even a SIGKILLed parent
+leaves no orphan; `stop()` terminates them and removes the work directory.
+
+    python hack/localcluster.py up [--full]     # start, print the kubeconfig path, wait for Ctrl-C
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import ctypes
+import datetime as dt
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin"))
+FAKE_NODE = "kwok-node-0"
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# --- certificates -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    cert: Path
+    key: Path
+
+
+def _write_key(path: Path, key: Any) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def make_pki(directory: Path) -> dict[str, KeyPair]:
+    """A CA, the apiserver serving cert, an admin client cert and the service-account key."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lumigo-local-cluster-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=7))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def leaf(cn: str, orgs: list[str], server: bool, path: str) -> KeyPair:
+        key = ec.generate_private_key(ec.SECP256R1())
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attrs))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=7))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+        )
+        if server:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.DNSName("kubernetes"),
+                        x509.DNSName("kubernetes.default"),
+                        x509.DNSName("kubernetes.default.svc"),
+                        x509.DNSName("kubernetes.default.svc.cluster.local"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+                    ]
+                ),
+                critical=False,
+            )
+        cert = builder.sign(ca_key, hashes.SHA256())
+        pair = KeyPair(directory / f"{path}.crt", directory / f"{path}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(pair.key, key)
+        return pair
+
+    ca_pair = KeyPair(directory / "ca.crt", directory / "ca.key")
+    ca_pair.cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(ca_pair.key, ca_key)
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sa = KeyPair(directory / "sa.pub", directory / "sa.key")
+    _write_key(sa.key, sa_key)
+    sa.cert.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return {
+        "ca": ca_pair,
+        "apiserver": leaf("kube-apiserver", [], True, "apiserver"),
+        "admin": leaf("admin", ["system:masters"], False, "admin"),
+        "kwok": leaf("kwok", [], True, "kwok"),
+        "sa": sa,
+    }
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+@dataclass
+class Process:
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = Path(self.args[0])
+        if not binary.exists():
+            raise FileNotFoundError(
+                f"{binary} is missing: run `hack/install-tools` (or `make tools`) first"
+            )
+        with self.log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                self.args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - setsid + pdeathsig, nothing else
+            )
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self.popen = None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+class LocalCluster:
+    """etcd + kube-apiserver (+ controller-manager, scheduler, kwok in full mode)."""
+
+    def __init__(self, workdir: Path | None = None, full: bool = False) -> None:
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="lumigo-cluster-"))
+        self.full = False
+        self._want_full = full
+        self.etcd_port = free_port()
+        self.apiserver_port = free_port()
+        self.processes: dict[str, Process] = {}
+        self.pki: dict[str, KeyPair] = {}
+
+    # -- public API ------------------------------------------------------------------------
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://127.0.0.1:{self.etcd_port}"
+
+    def start(self) -> LocalCluster:
+        try:
+            (self.workdir / "pki").mkdir(parents=True, exist_ok=True)
+            (self.workdir / "logs").mkdir(exist_ok=True)
+            self.pki = make_pki(self.workdir / "pki")
+            self._write_kubeconfig()
+            self._start_etcd()
+            self._start_apiserver()
+            if self._want_full:
+                self.start_full()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_full(self) -> None:
+        """Add controller-manager, scheduler and kwok to a running minimal cluster."""
+        if self.full:
+            return
+        self._start_controller_manager()
+        self._start_scheduler()
+        self._start_kwok()
+        self.full = True
+
+    def stop(self) -> None:
+        for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self.processes.pop(name, None)
+            if proc is not None:
+                proc.stop()
+        if self._own_workdir and not os.environ.get("LUMIGO_KEEP_CLUSTER"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        return [p.popen.pid for p in self.processes.values() if p.popen is not None]
+
+    def stop_apiserver(self) -> None:
+        self.processes.pop("kube-apiserver").stop()
+
+    def start_apiserver(self) -> None:
+        self._start_apiserver()
+
+    def restart_apiserver(self) -> None:
+        self.stop_apiserver()
+        self.start_apiserver()
+
+    def compact_etcd(self) -> int:
+        """Compact etcd at its current revision, so older resourceVersions get 410 Gone."""
+        header = self._etcd_call("/v3/kv/range", {"key": base64.b64encode(b"/").decode()})
+        revision = int(header["header"]["revision"])
+        self._etcd_call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki["ca"].cert))
+        ctx.load_cert_chain(str(self.pki["admin"].cert), str(self.pki["admin"].key))
+        return ctx
+
+    def request(self, path: str, method: str = "GET", body: Any = None) -> Any:
+        """A raw admin call, used by the fixture itself (readiness, the fake node)."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(  # noqa: S310 - https to our own loopback apiserver
+            self.server + path, data=data, method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as resp:  # noqa: S310
+            raw = resp.read()
+        return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:  # noqa: A002
+        proc = subprocess.run(
+            [str(BIN / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input, capture_output=True, text=True, timeout=120,
+        )
+        if check and proc.returncode != 0:
+            raise subprocess.CalledProcessError(
+                proc.returncode, proc.args, proc.stdout, proc.stderr
+            )
+        return proc.stdout if check else proc.stdout + proc.stderr
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals -------------------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str]) -> Process:
+        proc = Process(name, args, self.workdir / "logs" / f"{name}.log")
+        proc.start()
+        self.processes[name] = proc
+        return proc
+
+    def _wait_healthy(self, proc: Process, check: Callable[[], bool], timeout: float) -> None:
+        def ok() -> bool:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited during start-up:\n{proc.log_tail()}")
+            try:
+                return check()
+            except (OSError, urllib.error.URLError, ValueError):
+                return False
+
+        try:
+            wait_until(ok, timeout, f"{proc.name} to become healthy", interval=0.2)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}\n{proc.log_tail()}") from None
+
+    def _start_etcd(self) -> None:
+        peer = free_port()
+        data = self.workdir / "etcd"
+        proc = self._spawn(
+            "etcd",
+            [
+                str(BIN / "etcd"),
+                f"--data-dir={data}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:  # noqa: S310
+                return bool(json.loads(resp.read()).get("health") == "true")
+
+        self._wait_healthy(proc, healthy, 60)
+
+    def _start_apiserver(self) -> None:
+        pki = self.pki
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(BIN / "kube-apiserver"),
+                "--advertise-address=127.0.0.1",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.apiserver_port}",
+                f"--etcd-servers={self.etcd_url}",
+                f"--tls-cert-file={pki['apiserver'].cert}",
+                f"--tls-private-key-file={pki['apiserver'].key}",
+                f"--client-ca-file={pki['ca'].cert}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--authorization-mode=RBAC",
+                "--disable-admission-plugins=ServiceAccount",
+                f"--service-account-issuer=https://127.0.0.1:{self.apiserver_port}/",
+                f"--service-account-key-file={pki['sa'].cert}",
+                f"--service-account-signing-key-file={pki['sa'].key}",
+                f"--cert-dir={self.workdir / 'pki'}",
+                "--profiling=false",
+                "--event-ttl=1h",
+            ],
+        )
+
+        def ready() -> bool:
+            return self.request("/readyz") == "ok"
+
+        self._wait_healthy(proc, ready, 120)
+
+    def _write_kubeconfig(self) -> None:
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": b64(self.pki["ca"].cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate-data": b64(self.pki["admin"].cert),
+                        "client-key-data": b64(self.pki["admin"].key),
+                    },
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        self.kubeconfig.write_text(json.dumps(config, indent=2))
+        self.kubeconfig.chmod(0o600)
+
+    def _start_controller_manager(self) -> None:
+        port = free_port()
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                str(BIN / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={self.pki['sa'].key}",
+                f"--root-ca-file={self.pki['ca'].cert}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'pki' / 'kcm'}",
+                "--controllers=*",
+                "--concurrent-gc-syncs=5",
+                "--profiling=false",
+            ],
+        )
+        self._wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
+
+    def _start_scheduler(self) -> None:
+        port = free_port()
+        proc = self._spawn(
+            "kube-scheduler",
+            [
+                str(BIN / "kube-scheduler"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'pki' / 'scheduler'}",
+                "--profiling=false",
+            ],
+        )
+        self._wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
+
+    def _start_kwok(self) -> None:
+        stages_dir = BIN / "kwok-stages"
+        parts = [
+            "node/fast/node-initialize.yaml",
+            "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+            "pod/fast/pod-ready.yaml",
+            "pod/fast/pod-complete.yaml",
+            "pod/fast/pod-delete.yaml",
+        ]
+        config = self.workdir / "kwok.yaml"
+        config.write_text("\n---\n".join((stages_dir / p).read_text() for p in parts))
+        port = free_port()
+        proc = self._spawn(
+            "kwok",
+            [
+                str(BIN / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{port}",
+                f"--tls-cert-file={self.pki['kwok'].cert}",
+                f"--tls-private-key-file={self.pki['kwok'].key}",
+            ],
+        )
+        self._wait_healthy(proc, lambda: self._https_ok(port, "/healthz", verify=False), 60)
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": FAKE_NODE,
+                "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": FAKE_NODE,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                },
+            },
+            "status": {
+                "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "20000"},
+                "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "20000"},
+            },
+        }
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.request("/api/v1/nodes", "POST", node)
+
+        def node_ready() -> bool:
+            status = self.request(f"/api/v1/nodes/{FAKE_NODE}").get("status", {})
+            return any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions", [])
+            )
+
+        self._wait_healthy(proc, node_ready, 60)
+
+    def _https_ok(self, port: int, path: str, verify: bool = False) -> bool:
+        ctx = ssl.create_default_context()
+        if not verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        url = f"https://127.0.0.1:{port}{path}"
+        try:
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+        except urllib.error.HTTPError as err:
+            # 401/403 still proves the server is up and serving.
+            return err.code in (401, 403)
+
+    def _etcd_call(self, path: str, body: dict[str, Any]) -> Any:
+        req = urllib.request.Request(  # noqa: S310 - loopback etcd
+            self.etcd_url + path, data=json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310
+            return json.loads(resp.read())
+
+
+@contextlib.contextmanager
+def running(full: bool = False) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(full=full)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Run a local Kubernetes control plane.")
+    parser.add_argument("command", choices=["up"])
+    parser.add_argument("--full", action="store_true", help="also run KCM, scheduler and kwok")
+    args = parser.parse_args()
+    stop = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    with running(full=args.full) as cluster:
+        print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+        while not stop:
+            time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
