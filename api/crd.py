@@ -18,7 +18,7 @@ from api.lumigo import LumigoSpecSchema, LumigoStatusSchema, StrictBoolean
 JSONSchema = dict[str, Any]
 
 
-def field_schema(field: fields.Field) -> JSONSchema:
+def field_schema(field: fields.Field[Any]) -> JSONSchema:
     """OpenAPI v3 (structural) schema for one marshmallow field."""
     out: JSONSchema
     if isinstance(field, fields.Nested):
@@ -26,7 +26,7 @@ def field_schema(field: fields.Field) -> JSONSchema:
         schema = nested() if isinstance(nested, type) else nested
         assert isinstance(schema, Schema)
         out = object_schema(schema)
-        if field.load_default is not marshmallow.missing:
+        if field.load_default is not marshmallow.missing and _has_defaults(schema):
             # An absent object is defaulted to {} so the API server fills the nested defaults.
             out["default"] = {}
     elif isinstance(field, fields.List):
@@ -50,6 +50,18 @@ def field_schema(field: fields.Field) -> JSONSchema:
     if description:
         out = {"description": description, **out}
     return out
+
+
+def _has_defaults(schema: Schema) -> bool:
+    """Whether loading `{}` with this schema fills in any real (non-zero-value) default."""
+    for f in schema.fields.values():
+        if isinstance(f, StrictBoolean) and f.load_default is not marshmallow.missing:
+            return True
+        if isinstance(f, fields.Nested):
+            nested = f.nested() if isinstance(f.nested, type) else f.nested
+            if isinstance(nested, Schema) and _has_defaults(nested):
+                return True
+    return False
 
 
 def object_schema(schema: Schema) -> JSONSchema:

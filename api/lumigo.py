@@ -113,7 +113,10 @@ class SecretRefSchema(_Base):
     key = StrictString(
         load_default="",
         # "" is Go's zero value (absent), not a schema default: the CRD declares no default.
-        metadata={"description": "Key in the Secret whose value is the Lumigo token.", "zero": True},
+        metadata={
+            "description": "Key in the Secret whose value is the Lumigo token.",
+            "zero": True,
+        },
     )
 
     @post_load
@@ -122,7 +125,7 @@ class SecretRefSchema(_Base):
 
 
 class LumigoTokenSchema(_Base):
-    secretRef = fields.Nested(  # noqa: N815 - the field name is the wire name
+    secretRef = fields.Nested(
         SecretRefSchema,
         data_key="secretRef",
         attribute="secret_ref",
@@ -140,12 +143,12 @@ class InjectionSchema(_Base):
         load_default=True,
         metadata={"description": "Inject the Lumigo tracers into workloads of this namespace."},
     )
-    injectLumigoIntoExistingResourcesOnCreation = StrictBoolean(  # noqa: N815
+    injectLumigoIntoExistingResourcesOnCreation = StrictBoolean(
         attribute="inject_lumigo_into_existing_resources_on_creation",
         load_default=True,
         metadata={"description": "Instrument the workloads that already exist on activation."},
     )
-    removeLumigoFromResourcesOnDeletion = StrictBoolean(  # noqa: N815
+    removeLumigoFromResourcesOnDeletion = StrictBoolean(
         attribute="remove_lumigo_from_resources_on_deletion",
         load_default=True,
         metadata={"description": "Remove instrumentation when this resource is deleted."},
@@ -199,7 +202,7 @@ class InfrastructureSchema(_Base):
         load_default=True,
         metadata={"description": "Collect infrastructure telemetry for this namespace."},
     )
-    kubeEvents = fields.Nested(  # noqa: N815
+    kubeEvents = fields.Nested(
         KubeEventsSchema,
         attribute="kube_events",
         load_default=KubeEvents,
@@ -212,7 +215,7 @@ class InfrastructureSchema(_Base):
 
 
 class LumigoSpecSchema(_Base):
-    lumigoToken = fields.Nested(  # noqa: N815
+    lumigoToken = fields.Nested(
         LumigoTokenSchema,
         attribute="lumigo_token",
         load_default=LumigoToken,
@@ -247,7 +250,9 @@ class ConditionSchema(_Base):
 
     type = StrictString(
         required=True,
-        validate=marshmallow.validate.OneOf([constants.CONDITION_ACTIVE, constants.CONDITION_ERROR]),
+        validate=marshmallow.validate.OneOf(
+            [constants.CONDITION_ACTIVE, constants.CONDITION_ERROR]
+        ),
         metadata={"description": "Active or Error."},
     )
     status = StrictString(
@@ -255,10 +260,10 @@ class ConditionSchema(_Base):
         validate=marshmallow.validate.OneOf(["True", "False", "Unknown"]),
         metadata={"description": "True, False or Unknown."},
     )
-    lastUpdateTime = fields.DateTime(  # noqa: N815
+    lastUpdateTime = fields.DateTime(
         required=True, format="iso", metadata={"description": "Last time the condition was set."}
     )
-    lastTransitionTime = fields.DateTime(  # noqa: N815
+    lastTransitionTime = fields.DateTime(
         required=True,
         format="iso",
         metadata={"description": "Last time the status flipped."},
@@ -269,7 +274,7 @@ class ConditionSchema(_Base):
     reason = StrictString(
         load_default="", metadata={"description": "CamelCase reason for the last transition."}
     )
-    observedGeneration = fields.Integer(  # noqa: N815
+    observedGeneration = fields.Integer(
         load_default=0,
         strict=True,
         metadata={"description": "The .metadata.generation the condition was computed from."},
@@ -277,13 +282,13 @@ class ConditionSchema(_Base):
 
 
 class ObjectReferenceSchema(_Base):
-    apiVersion = StrictString(load_default="")  # noqa: N815
+    apiVersion = StrictString(load_default="")
     kind = StrictString(load_default="")
     namespace = StrictString(load_default="")
     name = StrictString(load_default="")
     uid = StrictString(load_default="")
-    resourceVersion = StrictString(load_default="")  # noqa: N815
-    fieldPath = StrictString(load_default="")  # noqa: N815
+    resourceVersion = StrictString(load_default="")
+    fieldPath = StrictString(load_default="")
 
 
 class LumigoStatusSchema(_Base):
@@ -292,7 +297,7 @@ class LumigoStatusSchema(_Base):
         required=True,
         metadata={"description": "Active and Error conditions of this Lumigo resource."},
     )
-    instrumentedResources = fields.List(  # noqa: N815
+    instrumentedResources = fields.List(
         fields.Nested(ObjectReferenceSchema),
         required=True,
         metadata={"description": "Workloads of the namespace currently instrumented."},

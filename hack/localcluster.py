@@ -52,7 +52,9 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        # SIGKILL, not SIGTERM: a kube-apiserver whose etcd vanished at the same moment would
+        # hang in graceful shutdown forever.
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_port() -> int:
@@ -106,9 +108,15 @@ def make_pki(directory: Path) -> dict[str, KeyPair]:
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )
@@ -179,6 +187,12 @@ def make_pki(directory: Path) -> dict[str, KeyPair]:
 # --- processes ----------------------------------------------------------------------------
 
 
+class KubectlError(RuntimeError):
+    def __init__(self, args: tuple[str, ...], code: int, output: str) -> None:
+        self.output = output
+        super().__init__(f"kubectl {' '.join(args)} exited {code}:\n{output.strip()}")
+
+
 @dataclass
 class Process:
     name: str
@@ -225,12 +239,33 @@ class Process:
             return ""
 
 
+WORKDIR_PREFIX = "lumigo-cluster-"
+
+
+def sweep_stale_workdirs() -> None:
+    """Remove work directories left by a parent that was SIGKILLed (its children died with it)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            pid = int((path / "owner.pid").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
 class LocalCluster:
     """etcd + kube-apiserver (+ controller-manager, scheduler, kwok in full mode)."""
 
     def __init__(self, workdir: Path | None = None, full: bool = False) -> None:
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="lumigo-cluster-"))
+        if workdir is None:
+            sweep_stale_workdirs()
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self.workdir / "owner.pid").write_text(str(os.getpid()))
         self.full = False
         self._want_full = full
         self.etcd_port = free_port()
@@ -311,11 +346,13 @@ class LocalCluster:
     def request(self, path: str, method: str = "GET", body: Any = None) -> Any:
         """A raw admin call, used by the fixture itself (readiness, the fake node)."""
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(  # noqa: S310 - https to our own loopback apiserver
-            self.server + path, data=data, method=method,
+        req = urllib.request.Request(
+            self.server + path,
+            data=data,
+            method=method,
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
-        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, context=self.ssl_context(), timeout=10) as resp:
             raw = resp.read()
         return json.loads(raw) if raw[:1] in (b"{", b"[") else raw.decode()
 
@@ -325,15 +362,16 @@ class LocalCluster:
         env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
         return env
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:  # noqa: A002
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         proc = subprocess.run(
             [str(BIN / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
-            input=input, capture_output=True, text=True, timeout=120,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if check and proc.returncode != 0:
-            raise subprocess.CalledProcessError(
-                proc.returncode, proc.args, proc.stdout, proc.stderr
-            )
+            raise KubectlError(args, proc.returncode, proc.stdout + proc.stderr)
         return proc.stdout if check else proc.stdout + proc.stderr
 
     def __enter__(self) -> LocalCluster:
@@ -383,7 +421,7 @@ class LocalCluster:
         )
 
         def healthy() -> bool:
-            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:  # noqa: S310
+            with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:
                 return bool(json.loads(resp.read()).get("health") == "true")
 
         self._wait_healthy(proc, healthy, 60)
@@ -550,17 +588,17 @@ class LocalCluster:
             ctx.verify_mode = ssl.CERT_NONE
         url = f"https://127.0.0.1:{port}{path}"
         try:
-            with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:  # noqa: S310
+            with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
                 return bool(resp.status == 200)
         except urllib.error.HTTPError as err:
             # 401/403 still proves the server is up and serving.
             return err.code in (401, 403)
 
     def _etcd_call(self, path: str, body: dict[str, Any]) -> Any:
-        req = urllib.request.Request(  # noqa: S310 - loopback etcd
+        req = urllib.request.Request(
             self.etcd_url + path, data=json.dumps(body).encode(), method="POST"
         )
-        with urllib.request.urlopen(req, timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
 

@@ -1,0 +1,57 @@
+# Lumigo Kubernetes Operator (Python re-implementation).
+# The two commands a newcomer needs: `make run` and `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+export PATH := $(CURDIR)/bin:$(PATH)
+
+.PHONY: help
+help: ## Show the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements.lock
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create .venv from the lock file
+
+.PHONY: tools
+tools: ## Build/install the pinned upstream tools into bin/ (cached in ~/.cache/lumigo-operator)
+	$(PYTHON) hack/install-tools all
+
+.PHONY: manifests
+manifests: venv ## Regenerate the CRD (and its copies) from the api/ schemas
+	$(PY) hack/gen-manifests
+
+.PHONY: lint
+lint: venv ## ruff (lint + format check) and mypy --strict
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict api webhook controller
+
+.PHONY: fmt
+fmt: venv ## Format the code
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+.PHONY: test
+test: venv tools lint ## Install what is missing, then run every test tier
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: venv ## Only the unit tier (no processes)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: run
+run: venv tools ## Start a local control plane, install the CRD, print how to use kubectl; Ctrl-C stops
+	$(PY) hack/run-local
+
+.PHONY: clean
+clean: ## Remove build outputs (not the tool cache)
+	rm -rf bin build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,78 @@
+"""Shared fixtures: one real local control plane per test session, per-test namespaces.
+
+Tiers are markers derived from the directory (tests/unit, tests/integration, tests/e2e), so
+`pytest -m unit` runs the seconds-fast tier and `make test` runs everything.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "hack"))
+
+from localcluster import LocalCluster  # noqa: E402
+
+CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+    for item in items:
+        try:
+            tier = Path(str(item.path)).relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver for the whole session; full mode is added on first demand."""
+    local = LocalCluster()
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def full_cluster(cluster: LocalCluster) -> LocalCluster:
+    """The session cluster with controller-manager, scheduler and a kwok node running."""
+    cluster.start_full()
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: LocalCluster) -> Path:
+    """The Lumigo CRD installed and Established."""
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/lumigoes.operator.lumigo.io"
+    )
+    return CRD_FILE
+
+
+def _namespace_name(request: pytest.FixtureRequest) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    return f"t-{base}-{uuid.uuid4().hex[:5]}"
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (without waiting)."""
+    name = _namespace_name(request)
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
