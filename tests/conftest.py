@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack"))
 
+from controller.kube import KubeClient  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
 
 CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
@@ -43,6 +44,12 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> KubeClient:
+    """The operator's own API client, as the cluster admin."""
+    return KubeClient.from_kubeconfig(cluster.kubeconfig)
 
 
 @pytest.fixture
