@@ -1,0 +1,508 @@
+"""Keeping the webhook's certificate right on a live cluster, in two modes.
+
+`self` mode (Helm, kubectl): the certificate lives in a Secret.
+- `CertWriter` runs on the leader only. It keeps the Secret valid (certs.plan: bootstrap, renewal,
+  staged CA rotation) and every named webhook configuration's caBundle equal to the Secret's
+  bundle. It runs on Secret / webhook-configuration events and at least every `resync`, and
+  sleeps exactly until the next step is due. The Secret is written with PUT + resourceVersion;
+  a conflict means someone else wrote: re-read and decide again.
+- `SelfSignedCerts` runs on every replica. It hot-swaps the served certificate from Secret
+  events and is ready only when the served certificate is trusted by the Secret's bundle and
+  every named webhook configuration carries that bundle.
+
+`files` mode (OLM): OLM owns the certificate and the webhook configurations. `FileCerts` serves
+tls.crt/tls.key from the mounted directory, polls them for changes, and never writes anything.
+
+Wiring (what the manager does):
+    tls = ServingTLS()
+    certs = SelfSignedCerts(tls, policy, secret, mutating=[...])        # every replica
+    writer = CertWriter(kube, policy, secret, mutating=[...])           # leader only
+    for informer in (secrets_in_own_namespace, mutating_configs, validating_configs):
+        informer.add_handler(certs); informer.add_handler(writer)
+    Runnable("webhook-cert-writer", writer.start, writer.stop, leader_only=True)
+    Runnable("webhook-certs", certs.start, certs.stop); readyz["webhook-certs"] = certs.ready
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import datetime as dt
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.x509.verification import VerificationError
+
+from api.resources import (
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    VALIDATING_WEBHOOK_CONFIGURATIONS,
+    ApiError,
+    Resource,
+)
+from webhook import certs
+from webhook.kubeapi import JSON, KubeAPI
+from webhook.metrics import CERTIFICATE_EXPIRY
+from webhook.readiness import NotReady
+from webhook.tls import InvalidKeyPair, ServingTLS
+
+log = logging.getLogger("lumigo.webhook.certs")
+
+Clock = Callable[[], dt.datetime]
+DEFAULT_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - OLM's mount point
+MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _configs(
+    mutating: Sequence[str], validating: Sequence[str]
+) -> tuple[tuple[Resource, str], ...]:
+    return tuple((MUTATING_WEBHOOK_CONFIGURATIONS, n) for n in mutating) + tuple(
+        (VALIDATING_WEBHOOK_CONFIGURATIONS, n) for n in validating
+    )
+
+
+def _identity(obj: JSON) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    return str(obj.get("kind", "")), str(meta.get("namespace") or ""), str(meta.get("name", ""))
+
+
+def _bundle_mismatches(config: JSON, bundle_b64: str) -> list[str]:
+    """Names of the webhooks in `config` whose caBundle is not `bundle_b64`."""
+    return [
+        str(webhook.get("name", f"#{i}"))
+        for i, webhook in enumerate(config.get("webhooks") or [])
+        if (webhook.get("clientConfig") or {}).get("caBundle") != bundle_b64
+    ]
+
+
+def _not_after(cert: x509.Certificate) -> str:
+    return cert.not_valid_after_utc.isoformat()
+
+
+class _Watched:
+    """Tells whether an event is about our Secret or one of our webhook configurations."""
+
+    def __init__(
+        self, namespace: str, secret: str, mutating: Sequence[str], validating: Sequence[str]
+    ) -> None:
+        self._ours = {("Secret", namespace, secret)} | {
+            (resource.kind, "", name) for resource, name in _configs(mutating, validating)
+        }
+
+    def __call__(self, obj: JSON) -> bool:
+        return _identity(obj) in self._ours
+
+
+class CertWriter:
+    """Leader-only: keeps the certificate Secret and the webhook configurations' caBundle right."""
+
+    def __init__(
+        self,
+        kube: KubeAPI,
+        policy: certs.CertPolicy,
+        secret_name: str,
+        *,
+        mutating: Sequence[str] = (),
+        validating: Sequence[str] = (),
+        resync: float = 3600.0,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.policy = policy
+        self.secret_name = secret_name
+        self._configs = _configs(mutating, validating)
+        self._is_ours = _Watched(policy.namespace, secret_name, mutating, validating)
+        self._resync = resync
+        self._clock = clock
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._missing_logged: set[str] = set()
+        self.last_error = ""
+        self.passes = 0
+
+    # -- events (EventHandler) ----------------------------------------------------------------
+    def on_add(self, obj: JSON) -> None:
+        if self._is_ours(obj):
+            self.trigger()
+
+    def on_update(self, old: JSON, new: JSON) -> None:
+        self.on_add(new)
+
+    def on_delete(self, obj: JSON) -> None:
+        self.on_add(obj)
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="webhook-cert-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            try:
+                next_check = self.reconcile()
+                delay = (next_check - self._clock()).total_seconds()
+                delay = min(max(delay, 0.2), self._resync)
+                backoff = 0.0
+                self.last_error = ""
+            except Exception as err:  # API trouble or a bug: never let the writer die
+                backoff = min(max(backoff * 2, 0.5), 60.0)
+                delay = backoff
+                self.last_error = str(err)
+                log.warning(
+                    "webhook certificate reconcile failed, retrying",
+                    extra={"error": str(err), "retry_in_s": delay},
+                    exc_info=not isinstance(err, ApiError),
+                )
+            self._wake.wait(delay)
+
+    # -- one reconcile ------------------------------------------------------------------------
+    def reconcile(self) -> dt.datetime:
+        """Bring the Secret and the webhook configurations in line; returns when to look again."""
+        for _ in range(10):
+            self.passes += 1
+            next_check = self._pass()
+            if next_check is not None:
+                return next_check
+        raise RuntimeError("the webhook certificate state did not settle (concurrent writers?)")
+
+    def _pass(self) -> dt.datetime | None:
+        """One read-decide-write step. None: something was written (or lost a race), look again."""
+        now = self._clock()
+        ns = self.policy.namespace
+        secret = self.kube.get_or_none(SECRETS, self.secret_name, ns)
+        current: certs.CertState | None = None
+        if secret is not None:
+            try:
+                current = certs.decode(secret.get("data"))
+            except certs.CorruptSecret as err:
+                log.warning(
+                    "the webhook certificate Secret is unusable; issuing a new CA and certificate",
+                    extra={"secret": f"{ns}/{self.secret_name}", "reason": str(err)},
+                )
+        configs = [(r, n, self.kube.get_or_none(r, n)) for r, n in self._configs]
+        published_at: dt.datetime | None = None
+        newly_published = False
+        if current is not None:
+            annotations = (secret or {}).get("metadata", {}).get("annotations") or {}
+            marker = annotations.get(certs.PUBLISHED_ANNOTATION)
+            published_at = certs.parse_published(marker, current.bundle_id)
+            bundle_b64 = base64.b64encode(current.bundle_pem).decode()
+            everywhere = all(
+                obj is not None and not _bundle_mismatches(obj, bundle_b64) for _, _, obj in configs
+            )
+            if published_at is None and everywhere:
+                published_at, newly_published = now, True
+        plan = certs.plan(current, published_at, self.policy, now)
+        if plan.changes or newly_published:
+            same_bundle = current is not None and plan.state.bundle_id == current.bundle_id
+            if not self._write_secret(secret, plan.state, published_at if same_bundle else None):
+                return None
+            if plan.changes:
+                log.info(
+                    "webhook certificates updated",
+                    extra={
+                        "changes": list(plan.changes),
+                        "bundle_id": plan.state.bundle_id,
+                        "bundle_size": len(plan.state.bundle),
+                        "serving_not_after": _not_after(plan.state.serving.cert),
+                        "ca_not_after": _not_after(plan.state.ca.cert),
+                    },
+                )
+            return None
+        bundle_b64 = base64.b64encode(plan.state.bundle_pem).decode()
+        patched = False
+        for resource, name, obj in configs:
+            if obj is None:
+                if name not in self._missing_logged:
+                    self._missing_logged.add(name)
+                    log.warning(
+                        "webhook configuration not found; its caBundle will be set when it appears",
+                        extra={"kind": resource.kind, "name": name},
+                    )
+                continue
+            self._missing_logged.discard(name)
+            patched |= self._patch_bundle(resource, name, obj, bundle_b64)
+        return None if patched else plan.next_check
+
+    def _write_secret(
+        self, secret: JSON | None, state: certs.CertState, published_at: dt.datetime | None
+    ) -> bool:
+        """PUT (or create) the Secret; False when another writer got there first."""
+        ns = self.policy.namespace
+        marker = certs.format_published(state.bundle_id, published_at) if published_at else None
+        try:
+            if secret is None:
+                metadata: JSON = {"name": self.secret_name, "namespace": ns, "labels": MANAGED_BY}
+                if marker:
+                    metadata["annotations"] = {certs.PUBLISHED_ANNOTATION: marker}
+                body: JSON = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": metadata,
+                    "type": "kubernetes.io/tls",
+                    "data": certs.encode(state),
+                }
+                self.kube.create(SECRETS, body, ns)
+            else:
+                body = copy.deepcopy(secret)
+                body["data"] = {**(secret.get("data") or {}), **certs.encode(state)}
+                annotations = body["metadata"].setdefault("annotations", {}) or {}
+                body["metadata"]["annotations"] = annotations
+                if marker:
+                    annotations[certs.PUBLISHED_ANNOTATION] = marker
+                else:
+                    annotations.pop(certs.PUBLISHED_ANNOTATION, None)
+                self.kube.replace(SECRETS, body, ns)
+        except ApiError as err:
+            if err.conflict:  # 409: a concurrent write (or AlreadyExists): read again
+                log.info("webhook certificate Secret changed under us; re-reading")
+                return False
+            raise
+        return True
+
+    def _patch_bundle(self, resource: Resource, name: str, config: JSON, bundle_b64: str) -> bool:
+        ops: list[JSON] = []
+        for i, webhook in enumerate(config.get("webhooks") or []):
+            if (webhook.get("clientConfig") or {}).get("caBundle") == bundle_b64:
+                continue
+            # The test op pins index -> name: a concurrent reorder fails the patch (retried).
+            ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": webhook.get("name")})
+            ops.append(
+                {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle_b64}
+            )
+        if not ops:
+            return False
+        self.kube.json_patch(resource, name, ops)
+        log.info(
+            "webhook configuration caBundle updated",
+            extra={"kind": resource.kind, "name": name, "webhooks": len(ops) // 2},
+        )
+        return True
+
+
+class SelfSignedCerts:
+    """Every replica: serve the Secret's certificate (hot-swapped) and report readiness."""
+
+    def __init__(
+        self,
+        tls: ServingTLS,
+        policy: certs.CertPolicy,
+        secret_name: str,
+        *,
+        mutating: Sequence[str] = (),
+        validating: Sequence[str] = (),
+        kube: KubeAPI | None = None,
+        clock: Clock = utcnow,
+    ) -> None:
+        self.tls = tls
+        self.policy = policy
+        self.secret_name = secret_name
+        self._configs = _configs(mutating, validating)
+        self._is_ours = _Watched(policy.namespace, secret_name, mutating, validating)
+        self._kube = kube
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], JSON] = {}  # (kind, name) -> webhook configuration
+        self._bundle: tuple[x509.Certificate, ...] = ()
+        self._bundle_b64 = ""
+        self._secret_problem = "the certificate Secret has not been seen yet"  # noqa: S105
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Read the current state once (events keep it fresh afterwards), if given a client."""
+        if self._kube is None:
+            return
+        try:
+            secret = self._kube.get_or_none(SECRETS, self.secret_name, self.policy.namespace)
+            if secret is not None:
+                self.on_add(secret)
+            for resource, name in self._configs:
+                config = self._kube.get_or_none(resource, name)
+                if config is not None:
+                    self.on_add(config)
+        except ApiError as err:
+            log.warning("initial read of webhook certificates failed", extra={"error": str(err)})
+
+    def stop(self) -> None:
+        return
+
+    # -- events (EventHandler) ----------------------------------------------------------------
+    def on_add(self, obj: JSON) -> None:
+        if not self._is_ours(obj):
+            return
+        kind, _, name = _identity(obj)
+        if kind == "Secret":
+            self._load_secret(obj)
+        else:
+            with self._lock:
+                self._seen[(kind, name)] = obj
+
+    def on_update(self, old: JSON, new: JSON) -> None:
+        self.on_add(new)
+
+    def on_delete(self, obj: JSON) -> None:
+        if not self._is_ours(obj):
+            return
+        kind, _, name = _identity(obj)
+        if kind == "Secret":
+            # Keep serving what we have: the leader re-creates the Secret from scratch.
+            log.warning("the webhook certificate Secret was deleted; still serving the last one")
+            return
+        with self._lock:
+            self._seen.pop((kind, name), None)
+
+    def _load_secret(self, secret: JSON) -> None:
+        data = secret.get("data")
+        try:
+            cert_pem = certs.decode_field(data, certs.TLS_CERT)
+            key_pem = certs.decode_field(data, certs.TLS_KEY)
+            bundle_pem = certs.decode_field(data, certs.CA_BUNDLE)
+            bundle = certs.parse_bundle(bundle_pem)
+            if not bundle:
+                raise certs.CorruptSecret(f"{certs.CA_BUNDLE} holds no valid certificate")
+            self.tls.load_pem(cert_pem, key_pem)
+        except (certs.CorruptSecret, InvalidKeyPair) as err:
+            self._secret_problem = f"the certificate Secret cannot be served: {err}"
+            log.warning(
+                "not loading the webhook certificate Secret; still serving the last good one",
+                extra={"reason": str(err)},
+            )
+            return
+        with self._lock:
+            self._bundle = bundle
+            self._bundle_b64 = base64.b64encode(bundle_pem).decode()
+            self._secret_problem = ""
+        loaded = self.tls.loaded
+        issuer = next(
+            (c for c in bundle if loaded and certs.issued_by(loaded.certificate, c)), None
+        )
+        if issuer is not None:
+            CERTIFICATE_EXPIRY.labels("ca").set(issuer.not_valid_after_utc.timestamp())
+
+    # -- readiness ----------------------------------------------------------------------------
+    def ready(self) -> None:
+        """Raises NotReady until the served certificate is trusted where the API server looks."""
+        loaded = self.tls.loaded
+        with self._lock:
+            problem, bundle, bundle_b64 = self._secret_problem, self._bundle, self._bundle_b64
+            seen = dict(self._seen)
+        if loaded is None:
+            raise NotReady(f"no serving certificate loaded: {problem or 'not yet'}")
+        if not bundle:
+            raise NotReady(problem)
+        try:
+            certs.verify_serving(loaded.certificate, bundle, self.policy.dns_names, self._clock())
+        except VerificationError as err:
+            raise NotReady(
+                f"the served certificate is not valid under the CA bundle: {err}"
+            ) from None
+        for resource, name in self._configs:
+            config = seen.get((resource.kind, name))
+            if config is None:
+                raise NotReady(f"{resource.kind} {name} not found")
+            stale = _bundle_mismatches(config, bundle_b64)
+            if stale:
+                raise NotReady(
+                    f"{resource.kind} {name}: the caBundle of {', '.join(stale)} does not match "
+                    "the certificate Secret yet"
+                )
+
+
+class FileCerts:
+    """files mode: serve tls.crt/tls.key from a directory (OLM's mount) and follow changes."""
+
+    def __init__(
+        self,
+        tls: ServingTLS,
+        directory: Path = DEFAULT_CERT_DIR,
+        *,
+        poll_interval: float = 5.0,
+        cert_name: str = "tls.crt",
+        key_name: str = "tls.key",
+    ) -> None:
+        self.tls = tls
+        self.cert_path = Path(directory) / cert_name
+        self.key_path = Path(directory) / key_name
+        self.poll_interval = poll_interval
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_digest = b""
+        self.problem = f"waiting for {self.cert_path} and {self.key_path}"
+
+    def start(self) -> None:
+        self.check()
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(
+                target=self._run, name="webhook-cert-files", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.poll_interval):
+            try:
+                self.check()
+            except Exception:
+                log.exception("checking the certificate files failed")
+
+    def check(self) -> bool:
+        """Load the files if they changed and form a valid pair. True when a new pair is served.
+
+        Kubernetes swaps the two files atomically, but a reader can still catch one old and one
+        new file: that pair fails to load, the previous one stays served, the next poll fixes it.
+        """
+        try:
+            cert_pem = self.cert_path.read_bytes()
+            key_pem = self.key_path.read_bytes()
+        except OSError as err:
+            self.problem = f"cannot read the serving certificate files: {err.strerror}"
+            return False
+        digest = hashlib.sha256(cert_pem + b"\0" + key_pem).digest()
+        if digest == self._last_digest:
+            return False
+        self._last_digest = digest
+        try:
+            changed = self.tls.load_pem(cert_pem, key_pem)
+        except InvalidKeyPair as err:
+            self.problem = str(err)
+            log.warning(
+                "not loading the certificate files; still serving the last good pair",
+                extra={"cert": str(self.cert_path), "reason": str(err)},
+            )
+            return False
+        self.problem = ""
+        return changed
+
+    def ready(self) -> None:
+        if self.tls.loaded is None:
+            raise NotReady(f"no serving certificate loaded: {self.problem}")
