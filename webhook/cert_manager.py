@@ -124,6 +124,7 @@ class CertWriter:
         self._clock = clock
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._rotate_ca = threading.Event()
         self._thread: threading.Thread | None = None
         self._missing_logged: set[str] = set()
         self.last_error = ""
@@ -141,6 +142,11 @@ class CertWriter:
         self.on_add(obj)
 
     def trigger(self) -> None:
+        self._wake.set()
+
+    def rotate_ca(self) -> None:
+        """Start a (staged, hitless) CA rotation now instead of when the CA nears its end."""
+        self._rotate_ca.set()
         self._wake.set()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -216,11 +222,14 @@ class CertWriter:
             )
             if published_at is None and everywhere:
                 published_at, newly_published = now, True
-        plan = certs.plan(current, published_at, self.policy, now)
+        rotate = self._rotate_ca.is_set() and current is not None
+        plan = certs.plan(current, published_at, self.policy, now, rotate_ca=rotate)
         if plan.changes or newly_published:
             same_bundle = current is not None and plan.state.bundle_id == current.bundle_id
             if not self._write_secret(secret, plan.state, published_at if same_bundle else None):
                 return None
+            if rotate:
+                self._rotate_ca.clear()
             if plan.changes:
                 log.info(
                     "webhook certificates updated",
@@ -415,7 +424,9 @@ class SelfSignedCerts:
         if not bundle:
             raise NotReady(problem)
         try:
-            certs.verify_serving(loaded.certificate, bundle, self.policy.dns_names, self._clock())
+            certs.verify_serving(
+                loaded.certificate, bundle, self.policy.subject_alt_names, self._clock()
+            )
         except VerificationError as err:
             raise NotReady(
                 f"the served certificate is not valid under the CA bundle: {err}"

@@ -8,7 +8,8 @@ only way to change a CA without failed calls is in stages (machinery.md §6):
    joins the bundle, [old, new], while the serving certificate stays under the old CA;
 3. only once that bundle has been in every webhook configuration for `grace` (API-server
    informers and every replica catch up) is the serving certificate re-issued by the new CA;
-4. the old CA leaves the bundle when it expires.
+4. the old CA leaves the bundle `grace` after the serving certificate left it (every replica
+   has reloaded by then), or when it expires, whichever comes first.
 A serving certificate nearing its end (invalid at now + serving_lookahead) is re-issued under
 the same CA: the bundle does not change, so that renewal is hitless by construction.
 
@@ -22,6 +23,7 @@ import base64
 import binascii
 import datetime as dt
 import hashlib
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -65,6 +67,7 @@ class CertPolicy:
     grace: dt.timedelta = dt.timedelta(minutes=5)
     backdate: dt.timedelta = dt.timedelta(hours=1)  # notBefore in the past: clock skew
     extra_dns_names: tuple[str, ...] = ()
+    extra_ip_addresses: tuple[str, ...] = ()  # for `url:` client configs (tests: 127.0.0.1)
 
     def __post_init__(self) -> None:
         if not self.service or not self.namespace:
@@ -91,6 +94,11 @@ class CertPolicy:
         svc, ns = self.service, self.namespace
         names = (svc, f"{svc}.{ns}", f"{svc}.{ns}.svc", f"{svc}.{ns}.svc.cluster.local")
         return names + tuple(n for n in self.extra_dns_names if n not in names)
+
+    @property
+    def subject_alt_names(self) -> tuple[x509.GeneralName, ...]:
+        ips = tuple(x509.IPAddress(ipaddress.ip_address(a)) for a in self.extra_ip_addresses)
+        return tuple(x509.DNSName(n) for n in self.dns_names) + ips
 
 
 @dataclass(frozen=True)
@@ -211,7 +219,7 @@ def issue_serving(ca: KeyPair, policy: CertPolicy, now: dt.datetime) -> KeyPair:
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(n) for n in policy.dns_names]),
+            x509.SubjectAlternativeName(list(policy.subject_alt_names)),
             critical=False,
         )
         .add_extension(
@@ -240,7 +248,7 @@ def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
 def verify_serving(
     cert: x509.Certificate,
     trusted: Sequence[x509.Certificate],
-    names: Iterable[str],
+    names: Iterable[x509.GeneralName],
     at: dt.datetime,
 ) -> None:
     """Raise VerificationError unless a TLS client trusting `trusted` accepts `cert` for every
@@ -248,12 +256,9 @@ def verify_serving(
     if not trusted:
         raise VerificationError("no trusted CA")
     for name in names:
-        verifier = (
-            PolicyBuilder()
-            .store(Store(list(trusted)))
-            .time(at)
-            .build_server_verifier(x509.DNSName(name))
-        )
+        if not isinstance(name, x509.DNSName | x509.IPAddress):
+            continue
+        verifier = PolicyBuilder().store(Store(list(trusted))).time(at).build_server_verifier(name)
         verifier.verify(cert, [])
 
 
@@ -261,35 +266,42 @@ def serving_valid_at(
     state: CertState, policy: CertPolicy, at: dt.datetime, trusted: Sequence[x509.Certificate]
 ) -> bool:
     try:
-        verify_serving(state.serving.cert, trusted, policy.dns_names, at)
+        verify_serving(state.serving.cert, trusted, policy.subject_alt_names, at)
     except VerificationError:
         return False
     return True
 
 
 # --- the rotation decision -------------------------------------------------------------------
+def serving_issued_at(state: CertState, policy: CertPolicy) -> dt.datetime:
+    """When the serving certificate was issued (its notBefore is backdated by the policy)."""
+    return state.serving.cert.not_valid_before_utc + policy.backdate
+
+
 def plan(
     current: CertState | None,
     published_at: dt.datetime | None,
     policy: CertPolicy,
     now: dt.datetime,
+    *,
+    rotate_ca: bool = False,
 ) -> Plan:
     """The state the Secret should hold now, and when to look again.
 
     `published_at`: when the current bundle was first seen in every webhook configuration
-    (None: not yet). The serving certificate only moves to a new CA `grace` after that.
+    (None: not yet). The serving certificate only moves to a new CA `grace` after that, and an
+    old CA leaves the bundle when it expires or `grace` after the serving certificate left it.
+    `rotate_ca` starts a CA rotation now (e.g. a suspected key leak); it is staged all the same.
     """
     if current is None:
         state = bootstrap(policy, now)
         return Plan(state, ("bootstrap",), _next_check(state, None, policy, now))
     state, changes = current, []
-    if state.ca.cert.not_valid_after_utc <= now + policy.ca_lookahead:
+    if rotate_ca or state.ca.cert.not_valid_after_utc <= now + policy.ca_lookahead:
         new_ca = generate_ca(policy, now)
         state = replace(state, ca=new_ca, bundle=(*state.bundle, new_ca.cert))
         published_at = None  # a new bundle: nobody trusts the new CA yet
         changes.append("ca-rotation-started")
-    trusted_since = published_at + policy.grace if published_at is not None else None
-    new_ca_trusted = trusted_since is not None and now >= trusted_since
     issuer = state.serving_issuer
     on_active = issued_by(state.serving.cert, state.ca.cert)
     if issuer is None or not serving_valid_at(state, policy, now, [issuer]):
@@ -297,23 +309,32 @@ def plan(
         state = replace(state, serving=issue_serving(state.ca, policy, now))
         changes.append("serving-certificate-reissued")
     elif not on_active:
-        if new_ca_trusted:
+        if published_at is not None and now >= published_at + policy.grace:
             state = replace(state, serving=issue_serving(state.ca, policy, now))
             changes.append("serving-certificate-moved-to-new-ca")
     elif not serving_valid_at(state, policy, now + policy.serving_lookahead, [state.ca.cert]):
         state = replace(state, serving=issue_serving(state.ca, policy, now))
         changes.append("serving-certificate-renewed")
-    kept = tuple(
-        c
-        for c in state.bundle
-        if c.not_valid_after_utc > now or c == state.ca.cert or issued_by(state.serving.cert, c)
-    )
+    kept = tuple(c for c in state.bundle if not _retired(c, state, policy, now))
     if len(kept) != len(state.bundle):
         state = replace(state, bundle=kept)
-        changes.append("expired-ca-dropped")
-    if changes and "ca-rotation-started" not in changes and state.bundle != current.bundle:
+        changes.append("old-ca-dropped")
+    if state.bundle != current.bundle:
         published_at = None
     return Plan(state, tuple(changes), _next_check(state, published_at, policy, now))
+
+
+def _retired(ca: x509.Certificate, state: CertState, policy: CertPolicy, now: dt.datetime) -> bool:
+    """An old CA nobody needs: expired, or no longer the issuer for `grace` (every replica and
+    the API server have moved on)."""
+    if ca == state.ca.cert or issued_by(state.serving.cert, ca):
+        return False
+    if ca.not_valid_after_utc <= now:
+        return True
+    return (
+        issued_by(state.serving.cert, state.ca.cert)
+        and now >= serving_issued_at(state, policy) + policy.grace
+    )
 
 
 def _next_check(
@@ -325,7 +346,9 @@ def _next_check(
     ]
     if not issued_by(state.serving.cert, state.ca.cert):
         due.append((published_at or now) + policy.grace)
-    due += [c.not_valid_after_utc for c in state.bundle if c != state.ca.cert]
+    for ca in state.bundle:
+        if ca != state.ca.cert:
+            due += [ca.not_valid_after_utc, serving_issued_at(state, policy) + policy.grace]
     return max(now, min(due))
 
 
