@@ -77,6 +77,8 @@ class AdmissionServer:
         self._stopping = threading.Event()
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
+        self._active = 0
+        self.peak_connections = 0  # most connections served at once (never > max_connections)
         for path in self.routes:
             REQUESTS_IN_FLIGHT.labels(path)
 
@@ -164,6 +166,9 @@ class AdmissionServer:
 
     def _serve(self, sock: socket.socket, address: Any) -> None:
         tls_sock: ssl.SSLSocket | None = None
+        with self._lock:
+            self._active += 1
+            self.peak_connections = max(self.peak_connections, self._active)
         try:
             sock.setblocking(True)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -189,6 +194,8 @@ class AdmissionServer:
         finally:
             with contextlib.suppress(OSError):
                 (tls_sock or sock).close()
+            with self._lock:
+                self._active -= 1
             self._slots.release()
 
     def is_stopping(self) -> bool:
@@ -386,6 +393,8 @@ class _Connection(BaseHTTPRequestHandler):
         content_type: str,
         extra_headers: Mapping[str, str] | None = None,
     ) -> None:
+        if self.request_version == "HTTP/0.9":  # never answer in 0.9 (no status line at all)
+            self.request_version = "HTTP/1.0"
         self.send_response_only(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
