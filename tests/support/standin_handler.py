@@ -55,33 +55,38 @@ def handle(body: bytes, content_type: str) -> Mapping[str, Any]:
         raise BadRequest("request.uid is missing")
     if request.get("operation") == "DELETE":
         return _review(uid, None)
-    obj = request.get("object")
     try:
-        template = obj["spec"]["template"]["spec"]  # type: ignore[index]
-        containers = template["containers"]
-        if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
-            raise TypeError
-    except (KeyError, TypeError, IndexError):
+        patch = _patch(request.get("object"))
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError):
         raise BadRequest(
             "request.object does not decode as a workload with a pod template"
         ) from None
+    return _review(uid, patch)
+
+
+def _patch(obj: Any) -> list[dict[str, Any]]:
+    spec = obj["spec"]["template"]["spec"]
+    containers = spec["containers"]
+    if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
+        raise TypeError("containers")
     base = "/spec/template/spec"
-    patch: list[dict[str, Any]] = [
-        {
-            "op": "add",
-            "path": f"{base}/volumes/-",
-            "value": {"name": "lumigo-injector", "emptyDir": {"sizeLimit": "200M"}},
-        },
-        {
-            "op": "add",
-            "path": f"{base}/initContainers/-",
-            "value": {
+
+    def append(field: str, value: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(spec.get(field), list):
+            return {"op": "add", "path": f"{base}/{field}/-", "value": value}
+        return {"op": "add", "path": f"{base}/{field}", "value": [value]}
+
+    patch = [
+        append("volumes", {"name": "lumigo-injector", "emptyDir": {"sizeLimit": "200M"}}),
+        append(
+            "initContainers",
+            {
                 "name": "lumigo-injector",
                 "image": "public.ecr.aws/lumigo/lumigo-autotrace:latest",
                 "env": [{"name": "TARGET_DIRECTORY", "value": "/target"}],
                 "volumeMounts": [{"name": "lumigo-injector", "mountPath": "/target"}],
             },
-        },
+        ),
     ]
     for i, container in enumerate(containers):
         env = list(container.get("env") or [])
@@ -91,4 +96,4 @@ def handle(body: bytes, content_type: str) -> Mapping[str, Any]:
         mounts = list(container.get("volumeMounts") or [])
         mounts.append({"name": "lumigo-injector", "mountPath": "/opt/lumigo", "readOnly": True})
         patch.append({"op": "add", "path": f"{base}/containers/{i}/volumeMounts", "value": mounts})
-    return _review(uid, patch)
+    return patch
