@@ -196,7 +196,8 @@ def issue_serving(ca: KeyPair, policy: CertPolicy, now: dt.datetime) -> KeyPair:
     not_after = min(now + policy.serving_validity, ca.cert.not_valid_after_utc)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, policy.dns_names[2])]))
+        # The CN is informational (clients match SANs) and limited to 64 characters.
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, policy.service[:64])]))
         .issuer_name(ca.cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

@@ -65,6 +65,13 @@ def test_bootstrap_issues_a_ca_and_a_serving_certificate_for_the_service() -> No
     assert step.next_check == (T0 + 20 * S).replace(microsecond=0)
 
 
+def test_long_service_and_namespace_names() -> None:
+    long = replace(POLICY, service="s" * 63, namespace="n" * 63)
+    state = certs.bootstrap(long, T0)
+    assert f"{'s' * 63}.{'n' * 63}.svc.cluster.local" in names(state.serving.cert)
+    certs.verify_serving(state.serving.cert, state.bundle, long.subject_alt_names, T0)
+
+
 def test_secret_round_trip_and_nothing_due_means_nothing_written() -> None:
     state = certs.bootstrap(POLICY, T0)
     data = certs.encode(state)

@@ -1,0 +1,218 @@
+"""Self-mode certificates on a real API server: Secret, caBundle, readiness, re-bootstrap,
+concurrent writers and a staged CA rotation."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import threading
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from controller.informer import FuncHandler, Informer
+from controller.kube import KubeClient
+from localcluster import wait_until
+from tests.support.webhook_cluster import (
+    SECRET,
+    cert_stack,
+    mutating_configuration,
+    policy,
+    registered,
+    unique_name,
+)
+from webhook import certs
+from webhook.cert_manager import CertWriter
+
+URL = "https://127.0.0.1:1/v1alpha1/inject"  # never called: these tests only look at certificates
+
+
+def ca_bundles(kube: KubeClient, name: str) -> list[str]:
+    config = kube.get(MUTATING_WEBHOOK_CONFIGURATIONS, name)
+    return [w["clientConfig"].get("caBundle", "") for w in config["webhooks"]]
+
+
+def test_self_mode_bootstraps_the_secret_and_the_bundle_then_becomes_ready(
+    kube: KubeClient, namespace: str
+) -> None:
+    name = unique_name("certs-bootstrap")
+    with (
+        registered(kube, mutating_configuration(name, namespace, URL)),
+        cert_stack(kube, policy(namespace), [name]) as stack,
+    ):
+        stack.wait_ready()
+        secret = kube.get(SECRETS, SECRET, namespace)
+        assert secret["type"] == "kubernetes.io/tls"
+        assert set(certs.SECRET_KEYS) <= set(secret["data"])
+        state = certs.decode(secret["data"])
+        assert ca_bundles(kube, name) == [base64.b64encode(state.bundle_pem).decode()]
+        loaded = stack.tls.loaded
+        assert loaded is not None
+        assert loaded.certificate == state.serving.cert
+        wait_until(
+            lambda: (
+                certs.parse_published(
+                    kube.get(SECRETS, SECRET, namespace)["metadata"]
+                    .get("annotations", {})
+                    .get(certs.PUBLISHED_ANNOTATION),
+                    state.bundle_id,
+                )
+                is not None
+            ),
+            30,
+            "the bundle to be marked as published",
+        )
+        for kind, cert in (("ca", state.ca.cert), ("serving", state.serving.cert)):
+            value = REGISTRY.get_sample_value(
+                "lumigo_webhook_certificate_expiry_timestamp_seconds", {"kind": kind}
+            )
+            assert value == cert.not_valid_after_utc.timestamp()
+
+
+def test_readiness_follows_the_bundles_in_the_webhook_configurations(
+    kube: KubeClient, namespace: str
+) -> None:
+    name = unique_name("certs-ready")
+    with (
+        registered(kube, mutating_configuration(name, namespace, URL)),
+        cert_stack(kube, policy(namespace), [name], writer=False) as stack,
+    ):
+        assert not stack.is_ready()
+        assert "Secret has not been seen yet" in stack.why_not_ready()
+        stack.writer.start()
+        stack.wait_ready()
+        # Someone (a Helm upgrade, a human) puts another bundle in: not ready until fixed.
+        stack.writer.stop()
+        other = certs.bootstrap(stack.policy, dt.datetime.now(dt.UTC))
+        kube.json_patch(
+            MUTATING_WEBHOOK_CONFIGURATIONS,
+            name,
+            [
+                {
+                    "op": "replace",
+                    "path": "/webhooks/0/clientConfig/caBundle",
+                    "value": base64.b64encode(other.bundle_pem).decode(),
+                }
+            ],
+        )
+        wait_until(lambda: not stack.is_ready(), 30, "readiness to notice the foreign bundle")
+        assert "does not match" in stack.why_not_ready()
+        stack.writer.start()  # the leader puts it back
+        stack.wait_ready()
+
+
+def test_a_corrupt_or_emptied_secret_is_bootstrapped_again(
+    kube: KubeClient, namespace: str
+) -> None:
+    name = unique_name("certs-corrupt")
+    with (
+        registered(kube, mutating_configuration(name, namespace, URL)),
+        cert_stack(kube, policy(namespace), [name]) as stack,
+    ):
+        stack.wait_ready()
+        garbage = base64.b64encode(b"garbage").decode()
+        # (a kubernetes.io/tls Secret must keep both keys, even empty)
+        for bad_data in ({"tls.crt": garbage, "tls.key": garbage}, {"tls.crt": "", "tls.key": ""}):
+            before = stack.state()
+            secret = kube.get(SECRETS, SECRET, namespace)
+            secret["data"] = bad_data
+            kube.replace(SECRETS, secret, namespace)
+
+            def replaced(before: certs.CertState = before) -> bool:
+                try:
+                    return stack.state().ca.cert != before.ca.cert
+                except certs.CorruptSecret:
+                    return False
+
+            wait_until(replaced, 30, "a new CA after the Secret was broken")
+            stack.wait_ready()
+            loaded = stack.tls.loaded
+            assert loaded is not None
+            assert loaded.certificate == stack.state().serving.cert
+
+
+def test_concurrent_writers_settle_on_one_state(kube: KubeClient, namespace: str) -> None:
+    """Two leaders for a moment (a handover): 409s make one of them re-read, never clobber."""
+    name = unique_name("certs-race")
+    with registered(kube, mutating_configuration(name, namespace, URL)):
+        writers = [CertWriter(kube, policy(namespace), SECRET, mutating=[name]) for _ in range(2)]
+        errors: list[BaseException] = []
+
+        def run(writer: CertWriter) -> None:
+            try:
+                writer.reconcile()
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=run, args=(w,)) for w in writers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors
+        settled = kube.get(SECRETS, SECRET, namespace)
+        state = certs.decode(settled["data"])
+        assert ca_bundles(kube, name) == [base64.b64encode(state.bundle_pem).decode()]
+        for writer in writers:  # both agree that nothing is left to do
+            writer.reconcile()
+        again = kube.get(SECRETS, SECRET, namespace)
+        assert again["metadata"]["resourceVersion"] == settled["metadata"]["resourceVersion"]
+
+
+def test_forced_ca_rotation_is_staged_on_the_cluster(kube: KubeClient, namespace: str) -> None:
+    name = unique_name("certs-rotate")
+    history: list[certs.CertState] = []
+    lock = threading.Lock()
+
+    def record(obj: dict[str, Any]) -> None:
+        try:
+            state = certs.decode(obj.get("data"))
+        except certs.CorruptSecret:
+            return
+        with lock:
+            if (
+                not history
+                or history[-1].serving.cert != state.serving.cert
+                or (history[-1].bundle != state.bundle)
+            ):
+                history.append(state)
+
+    watcher = Informer(kube, SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}")
+    watcher.add_handler(FuncHandler(add=record, update=lambda _old, new: record(new)))
+    watcher.start()
+    try:
+        with (
+            registered(kube, mutating_configuration(name, namespace, URL)),
+            cert_stack(kube, policy(namespace), [name]) as stack,
+        ):
+            stack.wait_ready()
+            first = stack.state()
+            stack.writer.rotate_ca()
+
+            def rotated() -> bool:
+                state = stack.state()
+                return state.ca.cert != first.ca.cert and state.bundle == (state.ca.cert,)
+
+            wait_until(rotated, 60, "the CA rotation to complete")
+            final = stack.state()
+            stack.wait_ready()
+            loaded = stack.tls.loaded
+            assert loaded is not None
+            assert loaded.certificate == final.serving.cert
+    finally:
+        watcher.stop()
+    old_ca, new_ca = first.ca.cert, final.ca.cert
+    with lock:
+        stages = [
+            (tuple(c == old_ca for c in s.bundle), certs.issued_by(s.serving.cert, new_ca))
+            for s in history
+            if s.bundle != (old_ca,) or not certs.issued_by(s.serving.cert, new_ca)
+        ]
+    # [old] served by old -> [old, new] served by old -> [old, new] served by new -> [new].
+    assert stages[-4:] == [
+        ((True,), False),
+        ((True, False), False),
+        ((True, False), True),
+        ((False,), True),
+    ], stages

@@ -1,0 +1,183 @@
+"""Self-mode certificates and webhook registrations on the session's real API server.
+
+`CertStack` wires what the manager will wire: informers on the certificate Secret and on the
+webhook configurations feed a leader `CertWriter` and a replica `SelfSignedCerts`, which
+hot-swaps a `ServingTLS`. Webhook configurations get a unique name per test, are scoped to the
+test namespace and are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from controller.informer import Informer
+from controller.kube import KubeClient
+from localcluster import wait_until
+from webhook import certs
+from webhook.cert_manager import CertWriter, SelfSignedCerts
+from webhook.readiness import NotReady
+from webhook.tls import ServingTLS
+
+SECRET = "lumigo-webhook-certs"
+WORKLOAD_RULES = [
+    {
+        "apiGroups": ["apps"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["daemonsets", "deployments", "replicasets", "statefulsets"],
+    },
+    {
+        "apiGroups": ["batch"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["cronjobs", "jobs"],
+    },
+]
+
+
+def policy(namespace: str, **overrides: Any) -> certs.CertPolicy:
+    values: dict[str, Any] = {
+        "service": "lumigo-webhooks-service",
+        "namespace": namespace,
+        "extra_ip_addresses": ("127.0.0.1",),
+        "grace": dt.timedelta(seconds=1),
+    }
+    values.update(overrides)
+    return certs.CertPolicy(**values)
+
+
+def mutating_configuration(
+    name: str,
+    namespace: str,
+    url: str,
+    *,
+    failure_policy: str = "Fail",
+    rules: list[dict[str, Any]] | None = None,
+    webhook_name: str = "lumigoinjector.kb.io",
+    ca_bundle: str | None = None,
+    timeout_seconds: int = 5,
+) -> dict[str, Any]:
+    client_config: dict[str, Any] = {"url": url}
+    if ca_bundle is not None:
+        client_config["caBundle"] = ca_bundle
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": webhook_name,
+                "clientConfig": client_config,
+                "rules": rules or WORKLOAD_RULES,
+                "failurePolicy": failure_policy,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": timeout_seconds,
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": namespace},
+                },
+            }
+        ],
+    }
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.contextmanager
+def registered(kube: KubeClient, configuration: dict[str, Any]) -> Iterator[str]:
+    name = configuration["metadata"]["name"]
+    kube.create(MUTATING_WEBHOOK_CONFIGURATIONS, configuration)
+    try:
+        yield name
+    finally:
+        kube.delete(MUTATING_WEBHOOK_CONFIGURATIONS, name)
+
+
+class CertStack:
+    """Informers + leader writer + replica reloader for one namespace's certificate Secret."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        policy: certs.CertPolicy,
+        mutating: list[str],
+        *,
+        tls: ServingTLS | None = None,
+        secret: str = SECRET,
+    ) -> None:
+        self.kube = kube
+        self.policy = policy
+        self.secret = secret
+        self.tls = tls or ServingTLS()
+        self.writer = CertWriter(kube, policy, secret, mutating=mutating)
+        self.replica = SelfSignedCerts(self.tls, policy, secret, mutating=mutating, kube=kube)
+        self.secrets = Informer(
+            kube, SECRETS, namespace=policy.namespace, field_selector=f"metadata.name={secret}"
+        )
+        self.configs = [
+            Informer(kube, MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
+            for n in mutating
+        ]
+        self._informers = [self.secrets, *self.configs]
+
+    def start(self, *, writer: bool = True) -> CertStack:
+        for informer in self._informers:
+            informer.add_handler(self.replica)
+            informer.add_handler(self.writer)
+            informer.start()
+        for informer in self._informers:
+            assert informer.wait_for_sync(30), informer.last_error
+        self.replica.start()
+        if writer:
+            self.writer.start()
+        return self
+
+    def stop(self) -> None:
+        self.writer.stop()
+        self.replica.stop()
+        for informer in self._informers:
+            informer.stop()
+
+    def is_ready(self) -> bool:
+        try:
+            self.replica.ready()
+        except NotReady:
+            return False
+        return True
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        wait_until(self.is_ready, timeout, f"webhook certificates ready ({self.why_not_ready()})")
+
+    def why_not_ready(self) -> str:
+        try:
+            self.replica.ready()
+        except NotReady as err:
+            return str(err)
+        return "ready"
+
+    def state(self) -> certs.CertState:
+        secret = self.kube.get(SECRETS, self.secret, self.policy.namespace)
+        return certs.decode(secret.get("data"))
+
+
+@contextlib.contextmanager
+def cert_stack(
+    kube: KubeClient,
+    policy: certs.CertPolicy,
+    mutating: list[str],
+    *,
+    writer: bool = True,
+    **kwargs: Any,
+) -> Iterator[CertStack]:
+    stack = CertStack(kube, policy, mutating, **kwargs)
+    try:
+        yield stack.start(writer=writer)
+    finally:
+        stack.stop()
