@@ -324,7 +324,11 @@ class _Connection(BaseHTTPRequestHandler):
         try:
             try:
                 review = route(body, content_type)
-                payload = json.dumps(review, separators=(",", ":")).encode()
+                payload = (
+                    review
+                    if isinstance(review, bytes)
+                    else json.dumps(review, separators=(",", ":")).encode()
+                )
             except BadRequest as err:
                 code = HTTPStatus.BAD_REQUEST
                 log.debug("bad admission request", extra={"path": path, "error": err.message})
