@@ -4,10 +4,12 @@ concurrent writers and a staged CA rotation."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import threading
 from typing import Any
 
+from cryptography import x509
 from prometheus_client import REGISTRY
 
 from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
@@ -161,26 +163,39 @@ def test_concurrent_writers_settle_on_one_state(kube: KubeClient, namespace: str
 
 
 def test_forced_ca_rotation_is_staged_on_the_cluster(kube: KubeClient, namespace: str) -> None:
+    """The Secret goes through the four stages, and the webhook configuration trusted the new CA
+    before the served certificate moved to it. resourceVersions are etcd revisions, so they order
+    writes across objects: a test-only use of an otherwise opaque value."""
     name = unique_name("certs-rotate")
-    history: list[certs.CertState] = []
+    secrets: list[tuple[int, certs.CertState]] = []
+    bundles: list[tuple[int, tuple[x509.Certificate, ...]]] = []
     lock = threading.Lock()
 
-    def record(obj: dict[str, Any]) -> None:
-        try:
-            state = certs.decode(obj.get("data"))
-        except certs.CorruptSecret:
-            return
-        with lock:
-            if (
-                not history
-                or history[-1].serving.cert != state.serving.cert
-                or (history[-1].bundle != state.bundle)
-            ):
-                history.append(state)
+    def revision(obj: dict[str, Any]) -> int:
+        return int(obj["metadata"]["resourceVersion"])
 
-    watcher = Informer(kube, SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}")
-    watcher.add_handler(FuncHandler(add=record, update=lambda _old, new: record(new)))
-    watcher.start()
+    def record_secret(obj: dict[str, Any]) -> None:
+        with contextlib.suppress(certs.CorruptSecret), lock:
+            state = certs.decode(obj.get("data"))
+            last = secrets[-1][1] if secrets else None
+            if last is None or (last.serving.cert, last.bundle) != (
+                state.serving.cert,
+                state.bundle,
+            ):
+                secrets.append((revision(obj), state))
+
+    def record_config(obj: dict[str, Any]) -> None:
+        bundle = base64.b64decode(obj["webhooks"][0]["clientConfig"].get("caBundle") or "")
+        with lock:
+            bundles.append((revision(obj), certs.parse_bundle(bundle)))
+
+    watchers = [
+        Informer(kube, SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}"),
+        Informer(kube, MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={name}"),
+    ]
+    for watcher, record in zip(watchers, (record_secret, record_config), strict=True):
+        watcher.add_handler(FuncHandler(add=record, update=lambda _old, new, r=record: r(new)))
+        watcher.start()
     try:
         with (
             registered(kube, mutating_configuration(name, namespace, URL)),
@@ -200,15 +215,21 @@ def test_forced_ca_rotation_is_staged_on_the_cluster(kube: KubeClient, namespace
             loaded = stack.tls.loaded
             assert loaded is not None
             assert loaded.certificate == final.serving.cert
+            wait_until(
+                lambda: bool(bundles) and bundles[-1][1] == final.bundle, 30, "the last bundle"
+            )
     finally:
-        watcher.stop()
+        for watcher in watchers:
+            watcher.stop()
     old_ca, new_ca = first.ca.cert, final.ca.cert
     with lock:
         stages = [
             (tuple(c == old_ca for c in s.bundle), certs.issued_by(s.serving.cert, new_ca))
-            for s in history
+            for _, s in secrets
             if s.bundle != (old_ca,) or not certs.issued_by(s.serving.cert, new_ca)
         ]
+        moved_at = next(rv for rv, s in secrets if certs.issued_by(s.serving.cert, new_ca))
+        trusted_at = next(rv for rv, bundle in bundles if new_ca in bundle)
     # [old] served by old -> [old, new] served by old -> [old, new] served by new -> [new].
     assert stages[-4:] == [
         ((True,), False),
@@ -216,3 +237,4 @@ def test_forced_ca_rotation_is_staged_on_the_cluster(kube: KubeClient, namespace
         ((True, False), True),
         ((False,), True),
     ], stages
+    assert trusted_at < moved_at, "the serving certificate moved before the bundle trusted it"

@@ -65,11 +65,17 @@ def handle(body: bytes, content_type: str) -> Mapping[str, Any]:
 
 
 def _patch(obj: Any) -> list[dict[str, Any]]:
-    spec = obj["spec"]["template"]["spec"]
+    if obj.get("kind") == "CronJob":
+        spec, base = (
+            obj["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+            "/spec/jobTemplate/spec",
+        )
+    else:
+        spec, base = obj["spec"]["template"]["spec"], "/spec"
+    base += "/template/spec"
     containers = spec["containers"]
     if not isinstance(containers, list) or not all(isinstance(c, dict) for c in containers):
         raise TypeError("containers")
-    base = "/spec/template/spec"
 
     def append(field: str, value: dict[str, Any]) -> dict[str, Any]:
         if isinstance(spec.get(field), list):
