@@ -78,6 +78,7 @@ class AdmissionServer:
         self._connections: set[_Connection] = set()
         self._lock = threading.Lock()
         self._active = 0
+        self.accepted = 0  # connections accepted so far (tells keep-alive reuse apart from churn)
         self.peak_connections = 0  # most connections served at once (never > max_connections)
         for path in self.routes:
             REQUESTS_IN_FLIGHT.labels(path)
@@ -167,6 +168,7 @@ class AdmissionServer:
     def _serve(self, sock: socket.socket, address: Any) -> None:
         tls_sock: ssl.SSLSocket | None = None
         with self._lock:
+            self.accepted += 1
             self._active += 1
             self.peak_connections = max(self.peak_connections, self._active)
         try:

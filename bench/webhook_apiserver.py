@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""What the webhook costs a user: time to create N Deployments through the real API server in
+a namespace our webhook instruments vs a plain one.
+
+A local control plane (etcd + kube-apiserver) calls our HTTPS server at https://127.0.0.1:<port>
+through a MutatingWebhookConfiguration whose caBundle our certificate manager wrote (self mode).
+kubectl (a Go client, like most users' tooling) creates the Deployments from one file, one POST
+each; rounds alternate between the two namespaces and the medians are compared.
+Prints the figures and writes bench/results/webhook_apiserver.json.
+
+    .venv/bin/python bench/webhook_apiserver.py [--count 500] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+
+from prometheus_client import REGISTRY  # noqa: E402
+
+from api.resources import DEPLOYMENTS  # noqa: E402
+from controller.kube import KubeClient  # noqa: E402
+from localcluster import LocalCluster, wait_until  # noqa: E402
+from tests.support import reviews, standin_handler, workloads  # noqa: E402
+from tests.support.webhook_cluster import (  # noqa: E402
+    cert_stack,
+    mutating_configuration,
+    policy,
+    registered,
+)
+from webhook.server import AdmissionServer, ServerOptions  # noqa: E402
+from webhook.tls import ServingTLS  # noqa: E402
+
+PATH = "/v1alpha1/inject"
+RESULTS = ROOT / "bench" / "results" / "webhook_apiserver.json"
+
+
+def deployments_file(directory: Path, prefix: str, count: int) -> Path:
+    items = []
+    for i in range(count):
+        obj = reviews.deployment(f"{prefix}-{i}")
+        obj["metadata"].pop("namespace")
+        obj["spec"]["replicas"] = 0
+        items.append(obj)
+    path = directory / f"{prefix}.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return path
+
+
+def timed_create(cluster: LocalCluster, namespace: str, path: Path) -> float:
+    started = time.perf_counter()
+    cluster.kubectl("create", "-n", namespace, "-f", str(path), "-o", "name")
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+        kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
+        instrumented, plain = "bench-instrumented", "bench-plain"
+        for ns in (instrumented, plain):
+            cluster.kubectl("create", "namespace", ns)
+        tls = ServingTLS()
+        server = AdmissionServer(
+            {PATH: standin_handler.handle}, tls, ServerOptions(host="127.0.0.1", port=0)
+        )
+        server.start()
+        try:
+            url = f"https://127.0.0.1:{server.port}{PATH}"
+            config = mutating_configuration("bench-webhook", instrumented, url)
+            with (
+                registered(kube, config) as name,
+                cert_stack(kube, policy(instrumented), [name], tls=tls) as stack,
+            ):
+                stack.wait_ready()
+                probe = workloads.workload(DEPLOYMENTS, "probe")
+
+                def active() -> bool:
+                    created = kube.request(
+                        "POST",
+                        DEPLOYMENTS.path(instrumented),
+                        params={"dryRun": "All"},
+                        body=probe,
+                        retry=False,
+                    )
+                    return "lumigo-injector" in workloads.init_container_names(created)
+
+                wait_until(active, 60, "the webhook to be active")
+                times: dict[str, list[float]] = {instrumented: [], plain: []}
+                warm = deployments_file(Path(tmp), "warm", 50)
+                for ns in (instrumented, plain):
+                    timed_create(cluster, ns, warm)
+                for r in range(args.rounds):
+                    order = (instrumented, plain) if r % 2 == 0 else (plain, instrumented)
+                    for ns in order:
+                        path = deployments_file(Path(tmp), f"r{r}", args.count)
+                        times[ns].append(timed_create(cluster, ns, path))
+                stored = kube.get(DEPLOYMENTS, "r0-0", instrumented)
+                assert "lumigo-injector" in workloads.init_container_names(stored)
+                plain_obj = kube.get(DEPLOYMENTS, "r0-0", plain)
+                assert not workloads.init_container_names(plain_obj)
+            accepted = server.accepted
+            admissions = REGISTRY.get_sample_value(
+                "controller_runtime_webhook_requests_total", {"webhook": PATH, "code": "200"}
+            )
+            handler_seconds = REGISTRY.get_sample_value(
+                "controller_runtime_webhook_latency_seconds_sum", {"webhook": PATH}
+            )
+        finally:
+            server.stop()
+    med = {ns: statistics.median(v) for ns, v in times.items()}
+    ratio = med[instrumented] / med[plain]
+    result: dict[str, Any] = {
+        "benchmark": "webhook_apiserver",
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "handler": "standin",
+        "count": args.count,
+        "rounds": args.rounds,
+        "seconds": {"instrumented": times[instrumented], "plain": times[plain]},
+        "median_seconds": {"instrumented": med[instrumented], "plain": med[plain]},
+        "ratio": round(ratio, 3),
+        "per_create_overhead_ms": round((med[instrumented] - med[plain]) / args.count * 1000, 3),
+        "webhook_connections_accepted": accepted,
+        "admissions_served": admissions,
+        "server_side_mean_ms": round(handler_seconds / admissions * 1000, 3),
+        "target_ratio": 1.15,
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"{args.count} Deployments via kubectl, median of {args.rounds}: "
+        f"instrumented {med[instrumented]:.2f} s, plain {med[plain]:.2f} s, ratio {ratio:.3f} "
+        f"({result['per_create_overhead_ms']} ms per create)"
+    )
+    print(
+        f"webhook: {admissions:.0f} admissions over {accepted} TLS connection(s), "
+        f"server-side mean {result['server_side_mean_ms']} ms"
+    )
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

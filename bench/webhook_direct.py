@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""Admission throughput and latency of the HTTPS webhook server, called directly over TLS.
+
+The server runs in its own process (as in production), serving a realistic 3-container
+Deployment review on keep-alive connections:
+  1. offered load: --rate requests/s on one keep-alive connection, open loop (latency counted
+     from the scheduled send time, so a stall is not hidden by coordinated omission);
+  2. saturation: wrk with --connections keep-alive connections (hack/install-wrk installs it).
+Prints the figures and writes bench/results/webhook_direct.json.
+
+    .venv/bin/python bench/webhook_direct.py [--duration 20] [--rate 100] [--connections 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+
+from localcluster import wait_until  # noqa: E402
+from tests.support import reviews  # noqa: E402
+
+PATH = "/v1alpha1/inject"
+RESULTS = ROOT / "bench" / "results" / "webhook_direct.json"
+
+
+def routes() -> tuple[str, dict[str, Any]]:
+    """The real inject handler when webhook-core is present, else the stand-in."""
+    from tests.support import standin_handler
+
+    return "standin", {PATH: standin_handler.handle}
+
+
+def serve(directory: Path) -> None:
+    """Child process: generate a certificate, serve until SIGTERM."""
+    from webhook import certs
+    from webhook.server import AdmissionServer, ServerOptions
+    from webhook.tls import ServingTLS
+
+    policy = certs.CertPolicy("bench", "bench", extra_ip_addresses=("127.0.0.1",))
+    state = certs.bootstrap(policy, dt.datetime.now(dt.UTC))
+    tls = ServingTLS()
+    tls.load_pem(state.serving.cert_pem, state.serving.key_pem)
+    handler_name, table = routes()
+    server = AdmissionServer(table, tls, ServerOptions(host="127.0.0.1", port=0))
+    server.start()
+    (directory / "ca.pem").write_bytes(state.bundle_pem)
+    (directory / "handler").write_text(handler_name)
+    (directory / "port").write_text(str(server.port))
+    stopping = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    while not stopping:
+        time.sleep(0.2)
+    server.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def offered_load(port: int, ca: Path, body: bytes, rate: float, duration: float) -> dict[str, Any]:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    client = reviews.Client(port, ctx)
+    for _ in range(200):  # warm up the connection and the server's code paths
+        client.post(PATH, body)
+    latencies: list[float] = []
+    errors = 0
+    total = int(rate * duration)
+    start = time.perf_counter() + 0.1
+    for i in range(total):
+        scheduled = start + i / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        status, _ = client.post(PATH, body)
+        latencies.append(time.perf_counter() - scheduled)
+        errors += status != 200
+    client.close()
+    elapsed = time.perf_counter() - start
+    return {
+        "offered_rps": rate,
+        "achieved_rps": round(total / elapsed, 1),
+        "requests": total,
+        "errors": errors,
+        "p50_ms": round(percentile(latencies, 0.50) * 1000, 3),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
+        "max_ms": round(max(latencies) * 1000, 3),
+        "mean_ms": round(statistics.fmean(latencies) * 1000, 3),
+    }
+
+
+def _ms(text: str) -> float:
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text.strip()).groups()  # type: ignore[union-attr]
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def saturation(port: int, body: bytes, connections: int, duration: float) -> dict[str, Any]:
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise SystemExit("wrk is missing: run hack/install-wrk")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(
+            'wrk.method = "POST"\n'
+            f"wrk.body = {json.dumps(body.decode())}\n"
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+    try:
+        out = subprocess.run(
+            [
+                wrk,
+                f"-t{min(2, connections)}",
+                f"-c{connections}",
+                f"-d{int(duration)}s",
+                "--latency",
+                "-s",
+                script.name,
+                f"https://127.0.0.1:{port}{PATH}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    finally:
+        os.unlink(script.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    dist = dict(re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M))
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    socket_errors = re.search(r"Socket errors:(.*)", out)
+    return {
+        "connections": connections,
+        "wrk_threads": min(2, connections),
+        "duration_s": duration,
+        "rps": round(rps, 1),
+        "p50_ms": _ms(dist["50"]),
+        "p99_ms": _ms(dist["99"]),
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": socket_errors.group(1).strip() if socket_errors else "",
+    }
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "loadavg_before": os.getloadavg(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return 0
+    body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
+    info = machine()
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        child = subprocess.Popen([sys.executable, __file__, "--serve", str(directory)])
+        try:
+            wait_until((directory / "port").exists, 30, "the server to start")
+            port = int((directory / "port").read_text())
+            handler = (directory / "handler").read_text()
+            ca = directory / "ca.pem"
+            offered = offered_load(port, ca, body, args.rate, args.duration)
+            saturated = saturation(port, body, args.connections, args.duration)
+        finally:
+            child.terminate()
+            child.wait(30)
+    result = {
+        "benchmark": "webhook_direct",
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "handler": handler,
+        "request_bytes": len(body),
+        "machine": info,
+        "offered": offered,
+        "saturation": saturated,
+        "targets": {"p99_ms_at_100rps": 5.0, "min_rps_saturated": 1500},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"handler: {handler}; request {len(body)} bytes; {info['cpus']} CPUs ({info['cpu_model']})"
+    )
+    print(
+        f"offered {offered['offered_rps']:.0f}/s: p50 {offered['p50_ms']} ms, "
+        f"p99 {offered['p99_ms']} ms, max {offered['max_ms']} ms, errors {offered['errors']}"
+    )
+    print(
+        f"saturation, {saturated['connections']} connections: {saturated['rps']} admissions/s, "
+        f"p50 {saturated['p50_ms']} ms, p99 {saturated['p99_ms']} ms, "
+        f"non-2xx {saturated['non_2xx']}"
+    )
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
