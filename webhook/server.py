@@ -79,6 +79,9 @@ class AdmissionServer:
         self._lock = threading.Lock()
         self._active = 0
         self.accepted = 0  # connections accepted so far (tells keep-alive reuse apart from churn)
+        self.handshake_failures = 0
+        self._handshake_failures_logged = 0
+        self._handshake_logged_at = -60.0
         self.peak_connections = 0  # most connections served at once (never > max_connections)
         for path in self.routes:
             REQUESTS_IN_FLIGHT.labels(path)
@@ -181,7 +184,7 @@ class AdmissionServer:
             try:
                 tls_sock.do_handshake()
             except OSError as err:  # ssl.SSLError included; scanners and bad bundles land here
-                log.debug("TLS handshake failed", extra={"peer": str(address), "error": str(err)})
+                self._handshake_failed(address, err)
                 return
             conn = _Connection(self, tls_sock, address)
             with self._lock:
@@ -199,6 +202,22 @@ class AdmissionServer:
             with self._lock:
                 self._active -= 1
             self._slots.release()
+
+    def _handshake_failed(self, address: Any, err: OSError) -> None:
+        """Log failed handshakes at most once a minute: a client that does not trust our
+        certificate (a stale caBundle) shows up here, a port scanner must not flood the log."""
+        now = time.monotonic()
+        with self._lock:
+            self.handshake_failures += 1
+            if now - self._handshake_logged_at < 60.0:
+                return
+            self._handshake_logged_at = now
+            count = self.handshake_failures - self._handshake_failures_logged
+            self._handshake_failures_logged = self.handshake_failures
+        log.warning(
+            "TLS handshakes with the webhook failing",
+            extra={"failures": count, "last_peer": str(address), "last_error": str(err)},
+        )
 
     def is_stopping(self) -> bool:
         return self._stopping.is_set()
@@ -426,6 +445,14 @@ class _Connection(BaseHTTPRequestHandler):
             "code": int(code),
         }
         self._reply(code, json.dumps(status).encode(), "application/json", extra_headers)
+
+    def handle_expect_100(self) -> bool:
+        """`Expect: 100-continue` (curl does it for big bodies): the interim answer must leave
+        now, not sit in the write buffer while the client waits for it."""
+        self.send_response_only(HTTPStatus.CONTINUE)
+        self.end_headers()
+        self.wfile.flush()
+        return True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """parse_request's errors (bad request line, too many headers...) in our format."""

@@ -138,6 +138,37 @@ def test_protocol_mistakes_get_4xx_never_5xx(
             assert got == 200
 
 
+def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
+    tls, pki = loaded_tls()
+    body = deployment_body("expect")
+    with running(ROUTES, tls) as server, tls_socket(server.port, client_context(pki)) as sock:
+        head = (
+            f"POST {PATH} HTTP/1.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):  # the body is sent only after the 100
+            chunk = sock.recv(1)
+            assert chunk, "closed while waiting for 100 Continue"
+            interim += chunk
+        assert interim.startswith(b"HTTP/1.1 100")
+        status, _, reply = exchange(sock, body)
+        assert status == 200
+        assert json.loads(reply)["response"]["uid"] == "expect"
+
+
+def test_failed_handshakes_are_counted() -> None:
+    tls, pki = loaded_tls()
+    stranger = new_pki()
+    with running(ROUTES, tls) as server:
+        with pytest.raises(ssl.SSLError), tls_socket(server.port, client_context(stranger)):
+            pass
+        wait_until(lambda: server.handshake_failures >= 1, 30, "the failure to be counted")
+        with tls_socket(server.port, client_context(pki)) as sock:
+            assert exchange(sock, post(PATH, deployment_body()))[0] == 200
+
+
 def test_a_crashing_handler_is_a_500_and_the_server_keeps_serving() -> None:
     def broken(body: bytes, content_type: str) -> Mapping[str, Any]:
         raise KeyError("a bug")
