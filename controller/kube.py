@@ -251,8 +251,13 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = 500,
+        transform: Callable[[JSON], JSON] | None = None,
     ) -> tuple[JSONList, str]:
-        """Every object (paginated); returns (items, list resourceVersion)."""
+        """Every object (paginated); returns (items, list resourceVersion).
+
+        `transform` is applied to each item as its page arrives, so a caller that keeps only a
+        projection never holds more than one page of full objects.
+        """
         items: JSONList = []
         params: dict[str, Any] = {"limit": limit}
         if label_selector:
@@ -269,10 +274,10 @@ class KubeClient:
                     continue
                 raise
             kind = resource.kind
-            for item in page.get("items") or []:
+            for item in page.pop("items", None) or []:
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", kind)
-                items.append(item)
+                items.append(transform(item) if transform else item)
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
