@@ -307,6 +307,26 @@ def test_add_after_hands_out_keys_in_ready_time_order(
     assert [queue.get()[0] for _ in range(3)] == ["first", "second", "third"]
 
 
+def test_a_superseded_delay_never_fires_later(
+    stopper: Callable[[Queue[Hashable]], Queue[Hashable]],
+) -> None:
+    clock = FakeClock(100.0)
+    queue = DelayingQueue[Hashable](unique_name(), clock=clock)
+    stopper(queue)
+    queue.add_after("a", 0.05)  # ready at 100.05 ...
+    queue.add_after("a", 0.01)  # ... superseded: ready at 100.01
+    clock.now = 100.02
+    wait_until(lambda: queue.len() == 1, "the earlier entry to fire")
+    assert queue.get() == ("a", False)
+    queue.done("a")
+    queue.add_after("a", 0.2)  # a new wait, ready at 100.22
+    queue.add_after("marker", 0.06)  # ready at 100.08: popped after the stale 100.05 entry
+    clock.now = 100.1
+    wait_until(lambda: queue.len() >= 1, "the marker to fire")
+    assert queue.get() == ("marker", False), "the superseded 100.05 entry must not add 'a'"
+    assert queue.num_waiting() == 1  # 'a' still waits for 100.22
+
+
 def test_add_after_with_real_time_eventually_adds(
     stopper: Callable[[Queue[Hashable]], Queue[Hashable]],
 ) -> None:
@@ -579,10 +599,10 @@ PRODUCER_OP = st.one_of(
     st.tuples(st.just("forget"), THREAD_KEYS),
     st.tuples(st.just("yield")),
 )
-PRODUCERS = st.lists(st.lists(PRODUCER_OP, max_size=30), min_size=1, max_size=3)
+PRODUCERS = st.lists(st.lists(PRODUCER_OP, min_size=10, max_size=60), min_size=1, max_size=3)
 # What a worker does with each key it gets, in turn: finish, or re-add it (or forget) first.
 WORKER_OP = st.sampled_from(["done", "done", "add", "add_after", "add_rate_limited", "forget"])
-WORKERS = st.lists(st.lists(WORKER_OP, max_size=10), min_size=1, max_size=4)
+WORKERS = st.lists(st.lists(WORKER_OP, max_size=20), min_size=2, max_size=4)
 
 
 @dataclass
@@ -686,7 +706,7 @@ def make_threaded_queue() -> RateLimitingQueue[Hashable]:
     return RateLimitingQueue[Hashable](unique_name(), limiter)
 
 
-THREADED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+THREADED = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @THREADED
@@ -726,7 +746,7 @@ def test_threads_never_share_a_key_and_never_lose_one(
 @given(
     producers=PRODUCERS,
     workers=WORKERS,
-    shutdown_after=st.integers(min_value=0, max_value=30),
+    shutdown_after=st.integers(min_value=0, max_value=60),
     drain=st.booleans(),
 )
 def test_shutdown_mid_flight_loses_no_key_added_before_it(
