@@ -151,8 +151,10 @@ class Queue(Generic[K]):
             if key in self._dirty:
                 self._queue.append(key)
                 self._cond.notify()
-            elif not self._processing:
-                self._cond.notify_all()  # wakes `shut_down_with_drain`
+            elif not self._processing and self._shutting_down:
+                # Wake `shut_down_with_drain`. Only then: before shutdown the waiters are idle
+                # workers in `get`, and waking them all for nothing costs throughput.
+                self._cond.notify_all()
 
     def shut_down(self) -> None:
         """Ignore new adds, let workers take what is queued, then make `get` return shutdown."""
