@@ -57,3 +57,65 @@ WORKQUEUE_RETRIES = Counter(
     "Delayed or rate-limited re-adds to the work queue",
     WORKQUEUE_LABELS,
 )
+
+
+# --- client-go rest client ------------------------------------------------------------------
+REST_REQUESTS = Counter(
+    "rest_client_requests_total",
+    "Number of HTTP requests, partitioned by status code, method, and host.",
+    ["code", "method", "host"],
+)
+REST_LATENCY = Histogram(
+    "rest_client_request_duration_seconds",
+    "Request latency in seconds. Broken down by verb, and host.",
+    ["verb", "host"],
+    buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0),
+)
+
+# --- controller-runtime controllers ------------------------------------------------------------
+RECONCILE_TOTAL = Counter(
+    "controller_runtime_reconcile_total",
+    "Total number of reconciliations per controller",
+    ["controller", "result"],
+)
+RECONCILE_ERRORS = Counter(
+    "controller_runtime_reconcile_errors_total",
+    "Total number of reconciliation errors per controller",
+    ["controller"],
+)
+TERMINAL_ERRORS = Counter(
+    "controller_runtime_terminal_reconcile_errors_total",
+    "Total number of terminal reconciliation errors per controller",
+    ["controller"],
+)
+RECONCILE_PANICS = Counter(
+    "controller_runtime_reconcile_panics_total",
+    "Total number of reconciliation panics per controller",
+    ["controller"],
+)
+RECONCILE_TIME = Histogram(
+    "controller_runtime_reconcile_time_seconds",
+    "Length of time per reconciliation per controller",
+    ["controller"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6,
+             0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9,
+             10, 15, 20, 25, 30, 40, 50, 60),
+)  # fmt: skip
+MAX_CONCURRENT = Gauge(
+    "controller_runtime_max_concurrent_reconciles",
+    "Maximum number of concurrent reconciles per controller",
+    ["controller"],
+)
+ACTIVE_WORKERS = Gauge(
+    "controller_runtime_active_workers",
+    "Number of currently used workers per controller",
+    ["controller"],
+)
+
+# --- leader election ------------------------------------------------------------------------------
+LEADER_STATUS = Gauge(
+    "leader_election_master_status",
+    "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
+    "1 indicates master. 'name' is the string used to identify the lease.",
+    ["name"],
+)
