@@ -1,5 +1,7 @@
-/* Prints the injector's variables as seen through getenv() and through environ, one per line:
- *   getenv NAME=VALUE | environ NAME=VALUE   (or NAME unset). Built with gcc and musl-gcc. */
+/* Prints variables as seen through getenv() and through environ, one per line:
+ *   getenv NAME=VALUE | environ NAME=VALUE   (or NAME unset).
+ * The names are the arguments (default: the three the injector deals with). Built with gcc and
+ * musl-gcc; a copy named `node` or `python3` is what the injector treats as a runtime. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,8 +10,9 @@ extern char **environ;
 
 static const char *NAMES[] = {"PYTHONPATH", "NODE_OPTIONS", "LD_PRELOAD", NULL};
 
-int main(void) {
-    for (const char **name = NAMES; *name; name++) {
+int main(int argc, char **argv) {
+    const char **names = argc > 1 ? (const char **)argv + 1 : NAMES;
+    for (const char **name = names; *name; name++) {
         const char *value = getenv(*name);
         if (value)
             printf("getenv %s=%s\n", *name, value);
