@@ -94,7 +94,12 @@ def _from_json(body: bytes) -> list[Span]:
         for ss in rs.get("scopeSpans", []):
             for s in ss.get("spans", []):
                 spans.append(
-                    Span(s["name"], int(s.get("kind", 0)), attrs_of(s.get("attributes", [])), resource)
+                    Span(
+                        s["name"],
+                        int(s.get("kind", 0)),
+                        attrs_of(s.get("attributes", [])),
+                        resource,
+                    )
                 )
     return spans
 
@@ -239,7 +244,9 @@ def base_env(home: Path) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
 
 
-def webhook_env(payload: Path, endpoint: str, container: str, token: str | None = TOKEN) -> dict[str, str]:
+def webhook_env(
+    payload: Path, endpoint: str, container: str, token: str | None = TOKEN
+) -> dict[str, str]:
     """The variables the injector webhook adds (reference behaviour §3), pointed at our payload.
 
     LUMIGO_REPORT_DEPENDENCIES=false is added because both distros otherwise post a dependency
@@ -264,7 +271,9 @@ def python_interpreters() -> dict[str, str]:
     found: dict[str, str] = {}
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
     for minor in PYTHON_MINORS:
-        candidates = sorted(glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / f"python{minor}")))
+        candidates = sorted(
+            glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / f"python{minor}"))
+        )
         exe = candidates[-1] if candidates else shutil.which(f"python{minor}")
         if exe:
             probe = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],

@@ -7,6 +7,10 @@ get the SERVER span of that request with the expected service name and HTTP attr
 
 from __future__ import annotations
 
+import glob
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,7 +93,10 @@ def test_apps_without_token_work_untraced(
     runtime: str, injector_payload: Path, tmp_path: Path
 ) -> None:
     with OtlpReceiver() as receiver:
-        env = {**base_env(tmp_path), **webhook_env(injector_payload, receiver.endpoint, "app", None)}
+        env = {
+            **base_env(tmp_path),
+            **webhook_env(injector_payload, receiver.endpoint, "app", None),
+        }
         if runtime == "python":
             args = [str(flask_python(INTERPRETERS["3.11"])), str(PROGRAMS / "flask_app.py")]
         else:
@@ -177,3 +184,47 @@ def test_node_user_values_are_kept(injector_payload: Path, tmp_path: Path) -> No
     assert seen["user_require"] is True
     assert seen["env"]["LD_PRELOAD"] == env["LD_PRELOAD"]
     assert seen["env"]["USER_PRELOAD_LOADED"] == "1"
+
+
+def _old_interpreters() -> dict[str, str]:
+    """CPython versions the payload has no build for, where installed (pyenv)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = {}
+    for minor in ("2.7", "3.6", "3.7", "3.8"):
+        candidates = sorted(
+            glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / f"python{minor}"))
+        )
+        if candidates:
+            found[minor] = candidates[-1]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("label", "interpreter"),
+    [*sorted(_old_interpreters().items()), ("own-opentelemetry", sys.executable)],
+)
+def test_python_stands_down_quietly(
+    label: str, interpreter: str, injector_payload: Path, tmp_path: Path
+) -> None:
+    """No build for this interpreter, or the app brings its own OpenTelemetry (this test venv
+    has opentelemetry-proto): the program runs exactly as without the injector, silently."""
+    script = "import sys; print('ran', sys.version_info[0]); sys.exit(3)"
+    env = {
+        **base_env(tmp_path),
+        **webhook_env(injector_payload, "http://127.0.0.1:9/v1/traces", "c"),
+    }
+    with_injector = subprocess.run(
+        [interpreter, "-c", script], env=env, capture_output=True, text=True
+    )
+    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    without = subprocess.run([interpreter, "-c", script], env=plain, capture_output=True, text=True)
+    assert (with_injector.returncode, with_injector.stdout, with_injector.stderr) == (
+        without.returncode,
+        without.stdout,
+        without.stderr,
+    )
+    assert with_injector.returncode == 3
+    debug = subprocess.run([interpreter, "-c", script], capture_output=True, text=True,
+                           env={**env, "LUMIGO_INJECTOR_DEBUG": "true"})  # fmt: skip
+    reason = "already has OpenTelemetry" if label == "own-opentelemetry" else "not supported"
+    assert reason in debug.stderr

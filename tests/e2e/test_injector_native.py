@@ -33,7 +33,9 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "glibc": compile_c(PROGRAMS / "envprobe.c", out / "glibc" / "envprobe"),
         "musl": compile_c(PROGRAMS / "envprobe.c", out / "musl" / "envprobe", "musl-gcc"),
         "static": compile_c(PROGRAMS / "envprobe.c", out / "static" / "envprobe", "gcc", "-static"),
-        "nolibc": compile_c(PROGRAMS / "nolibc.c", out / "nolibc", "gcc", "-nostdlib", "-fPIE", "-pie"),
+        "nolibc": compile_c(
+            PROGRAMS / "nolibc.c", out / "nolibc", "gcc", "-nostdlib", "-fPIE", "-pie"
+        ),
     }  # fmt: skip
     for libc in ("glibc", "musl"):
         for name in ("node", "python3", "python3.12"):
@@ -72,13 +74,17 @@ def probe(output: str) -> dict[str, str | None]:
 @pytest.mark.parametrize("arch", sorted(ARCHES))
 def test_library_has_no_libc_dependency(arch: str, injector_payload: Path) -> None:
     so = SO_BUILDS / arch / "lumigo_injector.so"
-    assert so.exists(), f"{so} missing: `make payload` builds it (aarch64 needs gcc-aarch64-linux-gnu)"
+    assert so.exists(), (
+        f"{so} missing: `make payload` builds it (aarch64 needs gcc-aarch64-linux-gnu)"
+    )
     header = subprocess.run(["readelf", "-h", str(so)], capture_output=True, text=True).stdout
     assert ARCHES[arch] in header
     dynamic = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True).stdout
     assert "NEEDED" not in dynamic
     assert "INIT_ARRAY" in dynamic
-    symbols = subprocess.run(["readelf", "--dyn-syms", "-W", str(so)], capture_output=True, text=True)
+    symbols = subprocess.run(
+        ["readelf", "--dyn-syms", "-W", str(so)], capture_output=True, text=True
+    )
     undefined = {
         (fields[4], fields[7])
         for fields in (line.split() for line in symbols.stdout.splitlines())
@@ -86,7 +92,9 @@ def test_library_has_no_libc_dependency(arch: str, injector_payload: Path) -> No
     }
     assert undefined == {("WEAK", "getenv"), ("WEAK", "setenv")}
     if arch == platform.machine():
-        assert (injector_payload / "injector" / "lumigo_injector.so").read_bytes() == so.read_bytes()
+        assert (
+            injector_payload / "injector" / "lumigo_injector.so"
+        ).read_bytes() == so.read_bytes()
 
 
 @pytest.mark.parametrize("libc", ["glibc", "musl"])
@@ -153,7 +161,16 @@ def test_debug_output_only_when_asked_and_never_the_token(
 
 @pytest.mark.parametrize(
     "program",
-    ["/bin/true", "sh", "static", "go-cgo0", "go-cgo1", "nolibc", "envprobe-glibc", "envprobe-musl"],
+    [
+        "/bin/true",
+        "sh",
+        "static",
+        "go-cgo0",
+        "go-cgo1",
+        "nolibc",
+        "envprobe-glibc",
+        "envprobe-musl",
+    ],
 )
 def test_non_targets_behave_exactly_as_without_the_injector(
     program: str, programs: dict[str, Path], injector_payload: Path, tmp_path: Path
@@ -176,7 +193,9 @@ def test_non_targets_behave_exactly_as_without_the_injector(
     assert with_injector.stdout == without.stdout
     # debug is on, so the only stderr difference allowed is the injector's own one line saying
     # it left this process alone (static binaries never load it at all)
-    extra = [ln for ln in with_injector.stderr.splitlines() if ln not in without.stderr.splitlines()]
+    extra = [
+        ln for ln in with_injector.stderr.splitlines() if ln not in without.stderr.splitlines()
+    ]
     assert all(ln.startswith("lumigo-injector: not a Python or Node.js process") for ln in extra)
     if program == "nolibc":  # prove it was really loaded there (and returned at once)
         traced = run(args, {**env, "LD_DEBUG": "libs"})

@@ -67,9 +67,7 @@ def _activate(here):
         gil_disabled = False
     implementation = getattr(getattr(sys, "implementation", None), "name", "cpython2")
     root = os.path.dirname(here)
-    dirs, reason = payload_dirs(
-        root, sys.version_info, detect_libc(), implementation, gil_disabled
-    )
+    dirs, reason = payload_dirs(root, sys.version_info, detect_libc(), implementation, gil_disabled)
     if dirs is None:
         _debug("%s; not tracing" % reason)
         return

@@ -1,4 +1,4 @@
-"""A user's Flask application: knows nothing about Lumigo. Reports what it sees of its environment."""
+"""A user's Flask application: knows nothing about Lumigo. Reports its environment."""
 
 import os
 import sys
