@@ -76,6 +76,10 @@ def _activate(here):
         return
     # Appended, never prepended: the application's own packages always win.
     sys.path.extend(dirs)
+    # /opt/lumigo is mounted read-only: never try to write .pyc files into the payload (and keep
+    # a writable copy, like build/payload in tests, identical to what the image ships).
+    dont_write = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
     try:
         __import__(DISTRO)
         _debug("tracing with %s from %s" % (DISTRO, dirs[0]))
@@ -87,6 +91,8 @@ def _activate(here):
             "lumigo-injector: python: tracing not activated: %s: %s\n"
             % (type(error).__name__, error)
         )
+    finally:
+        sys.dont_write_bytecode = dont_write
 
 
 def _chain_user_sitecustomize(here):
