@@ -338,7 +338,7 @@ class SelfSignedCerts:
         self._seen: dict[tuple[str, str], JSON] = {}  # (kind, name) -> webhook configuration
         self._bundle: tuple[x509.Certificate, ...] = ()
         self._bundle_b64 = ""
-        self._secret_problem = "the certificate Secret has not been seen yet"  # noqa: S105
+        self._secret_problem = "the certificate Secret has not been seen yet"
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
