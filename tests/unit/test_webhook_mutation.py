@@ -24,7 +24,13 @@ from webhook.mutation import (
     remove,
 )
 
-from .webhook_samples import realistic_template, template_of, workload, workloads
+from .webhook_samples import (
+    realistic_template,
+    simple_template,
+    template_of,
+    workload,
+    workloads,
+)
 
 JSON = dict[str, Any]
 SETTINGS = InjectionSettings(
@@ -36,10 +42,6 @@ SETTINGS = InjectionSettings(
 )
 LABEL = "lumigo-operator.v1.2.3"
 OURS = constants.LD_PRELOAD_VALUE
-
-
-def simple_template(**spec: Any) -> JSON:
-    return {"spec": {"containers": [{"name": "app", "image": "python:3.12"}], **spec}}
 
 
 def env_of(container: JSON) -> dict[str, Any]:

@@ -7,6 +7,7 @@ omits them) and never use the names the mutation reserves for itself.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from hypothesis import strategies as st
@@ -41,6 +42,11 @@ def workload(kind: str, template: JSON, name: str = "app", namespace: str = "ns"
     else:
         obj["spec"] = {"selector": {"matchLabels": {"app": name}}, "template": template}
     return obj
+
+
+def simple_template(**spec: Any) -> JSON:
+    """One Python container; keyword arguments are added to the pod spec."""
+    return {"spec": {"containers": [{"name": "app", "image": "python:3.12"}], **spec}}
 
 
 def realistic_template() -> JSON:
@@ -250,3 +256,85 @@ def workloads(draw: st.DrawFn) -> JSON:
             {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u"}
         ]
     return obj
+
+
+# --- admission requests and collaborators --------------------------------------------------
+
+
+def review_body(
+    obj: JSON | None,
+    *,
+    operation: str = "CREATE",
+    kind: tuple[str, str, str] | None = None,
+    namespace: str = "ns",
+    uid: str = "3b4d2f0e-uid",
+    dry_run: bool = False,
+    old: JSON | None = None,
+) -> bytes:
+    """An AdmissionReview v1 body as the API server sends it."""
+    if kind is None:
+        assert obj is not None
+        group, _, version = obj["apiVersion"].rpartition("/")
+        kind = (group, version, obj["kind"])
+    request: JSON = {
+        "uid": uid,
+        "kind": {"group": kind[0], "version": kind[1], "kind": kind[2]},
+        "resource": {"group": kind[0], "version": kind[1], "resource": kind[2].lower() + "s"},
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
+        "object": obj,
+        "oldObject": old,
+        "dryRun": dry_run,
+    }
+    if obj is not None and obj.get("metadata", {}).get("name"):
+        request["name"] = obj["metadata"]["name"]
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    return json.dumps(review).encode()
+
+
+def lumigo(
+    name: str = "lumigo",
+    namespace: str = "ns",
+    active: bool = True,
+    spec: JSON | None = None,
+    created: str = "2026-01-01T00:00:00Z",
+) -> JSON:
+    """A Lumigo resource as the informer cache holds it."""
+    return {
+        "apiVersion": "operator.lumigo.io/v1alpha1",
+        "kind": "Lumigo",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": spec
+        if spec is not None
+        else {"lumigoToken": {"secretRef": {"name": "lumigo-credentials", "key": "token"}}},
+        "status": {
+            "conditions": [
+                {"type": "Active", "status": "True" if active else "False", "message": ""}
+            ],
+            "instrumentedResources": [],
+        },
+    }
+
+
+class StaticLister:
+    """The Lumigo lister collaborator over a fixed dict (the controller backs it with a cache)."""
+
+    def __init__(self, by_namespace: dict[str, list[JSON]] | None = None) -> None:
+        self.by_namespace = by_namespace or {}
+        self.error: Exception | None = None
+
+    def list(self, namespace: str) -> list[JSON]:
+        if self.error is not None:
+            raise self.error
+        return self.by_namespace.get(namespace, [])
+
+
+class RecordingRecorder:
+    """The event recorder collaborator, keeping what it was given."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[JSON, str, str, str, str]] = []
+
+    def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
+        self.events.append((obj, type, reason, message, component))
