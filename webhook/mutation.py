@@ -462,8 +462,11 @@ def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON 
         "volumeMounts": copy_json(_INIT_MOUNTS),
         "securityContext": context,
     }
-    # Pod-level resources cap every container: ours must not exceed them, so leave ours unset.
-    if not pod_spec.get("resources"):
+    # Pod-level resources cap every container: ours must not exceed them, so leave ours unset
+    # ({} is how the API server stores "unset": the field is not omitempty).
+    if pod_spec.get("resources"):
+        container["resources"] = {}
+    else:
         container["resources"] = settings.init_resources.as_dict(_is_guaranteed(pod_spec))
     if existing is not None:
         for key in _SERVER_DEFAULTED:
@@ -471,9 +474,7 @@ def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON 
                 container[key] = existing[key]
         if existing.get("image") == container["image"] and "imagePullPolicy" in existing:
             container["imagePullPolicy"] = existing["imagePullPolicy"]
-        if "resources" in container and _same_resources(
-            existing.get("resources"), container["resources"]
-        ):
+        if _same_resources(existing.get("resources"), container["resources"]):
             container["resources"] = existing["resources"]
     return container
 

@@ -395,7 +395,7 @@ def test_fix_a_guaranteed_pod_stays_guaranteed() -> None:
 def test_fix_pod_level_resources_leave_the_init_container_unconstrained() -> None:
     template = simple_template(resources={"limits": {"cpu": "200m", "memory": "100Mi"}})
     out = inject(workload("Deployment", template), SETTINGS)
-    assert "resources" not in template_of(out)["spec"]["initContainers"][0]
+    assert template_of(out)["spec"]["initContainers"][0]["resources"] == {}
 
 
 def test_fix_windows_pods_are_left_alone() -> None:
