@@ -35,6 +35,7 @@ objects being deleted are left alone, and dry-run requests record no events.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -80,6 +81,7 @@ INTERNAL_ERROR: Final = "internal error in the Lumigo injector webhook ({error})
 # Metric series per namespace are capped: a client posting random namespaces must not be able to
 # grow the operator's memory without bound.
 MAX_NAMESPACE_SERIES: Final = 1000
+MAX_CACHED_SPECS: Final = 1024
 
 
 class LumigoLister(Protocol):
@@ -135,6 +137,7 @@ class InjectHandler:
         self.component = events.webhook_component(settings.operator_version)
         self._max_namespaces = max_namespace_series
         self._namespaces: set[str] = set()
+        self._spec_settings: dict[str, InjectionSettings] = {}
         self._lock = threading.Lock()
 
     def handle(self, request: AdmissionRequest) -> AdmissionResponse:
@@ -250,8 +253,23 @@ class InjectHandler:
 
     def _settings_for(self, source: _Source, obj: JSON) -> InjectionSettings:
         if source.reason == "lumigo":
-            return self.settings.for_spec(load_spec(source.lumigo_spec))
+            return self._settings_for_spec(source.lumigo_spec)
         return settings_from_labels(self.settings, _metadata(obj).get("labels") or {})
+
+    def _settings_for_spec(self, spec: Any) -> InjectionSettings:
+        """Loading a spec costs more than the rest of an admission: cache by content (a spec
+        that fails to load is not cached, and raises every time)."""
+        key = json.dumps(spec, sort_keys=True)
+        with self._lock:
+            cached = self._spec_settings.get(key)
+        if cached is not None:
+            return cached
+        settings = self.settings.for_spec(load_spec(spec))
+        with self._lock:
+            if len(self._spec_settings) >= MAX_CACHED_SPECS:
+                self._spec_settings.clear()
+            self._spec_settings[key] = settings
+        return settings
 
     # -- events and metrics ----------------------------------------------------------------------
     def _record(

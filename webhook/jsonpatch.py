@@ -19,6 +19,7 @@ the rest by position, so the usual "appended an env var / container / volume" ch
 
 from __future__ import annotations
 
+import marshal
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,9 @@ from typing import Any
 Operation = dict[str, Any]
 
 _INDEX = re.compile(r"0|[1-9][0-9]*")
+# marshal format 0: no back-references (a copy never shares sub-objects) and no "interned"
+# flag on strings (equal values always serialise to equal bytes); True and 1 differ.
+_MARSHAL = 0
 
 
 class JsonPatchError(ValueError):
@@ -54,11 +58,34 @@ def equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
 
 
+def same(a: Any, b: Any) -> bool:
+    """`equal`, fast for the usual case of a subtree and its copy: the C-level `==` rejects most
+    differences at once, and identical serialisations prove equality without a Python walk."""
+    if a is b:
+        return True
+    if isinstance(a, dict | list):
+        if type(a) is not type(b) or a != b:
+            return False  # `==` is looser than JSON equality, so unequal is unequal
+        try:
+            if marshal.dumps(a, _MARSHAL) == marshal.dumps(b, _MARSHAL):
+                return True
+        except ValueError:
+            pass
+        # Equal as Python values but spelled differently (key order, 1 vs 1.0, true vs 1).
+    return equal(a, b)
+
+
 def copy_json(value: Any) -> Any:
-    """A deep copy of a JSON document (dicts and lists; scalars are immutable)."""
-    if isinstance(value, dict):
-        return {k: copy_json(v) for k, v in value.items()}
-    if isinstance(value, list):
+    """A deep copy of a JSON document, never sharing a sub-object between two places (so that a
+    patch applied to one place cannot change another). marshal runs in C: a few times faster
+    than a Python walk or copy.deepcopy on a workload, and exact for JSON's types."""
+    if isinstance(value, dict | list):
+        try:
+            return marshal.loads(marshal.dumps(value, _MARSHAL))  # noqa: S302 - bytes we just made
+        except ValueError:  # not plain JSON types (a dict subclass...), or deeper than marshal goes
+            pass
+        if isinstance(value, dict):
+            return {k: copy_json(v) for k, v in value.items()}
         return [copy_json(v) for v in value]
     return value
 
@@ -100,6 +127,8 @@ def diff(before: Any, after: Any) -> list[Operation]:
 
 
 def _diff(a: Any, b: Any, path: str, ops: list[Operation]) -> None:
+    if same(a, b):
+        return
     if isinstance(a, dict) and isinstance(b, dict):
         for key in a:
             if key not in b:
@@ -112,17 +141,17 @@ def _diff(a: Any, b: Any, path: str, ops: list[Operation]) -> None:
                 ops.append({"op": "add", "path": child, "value": value})
     elif isinstance(a, list) and isinstance(b, list):
         _diff_list(a, b, path, ops)
-    elif not equal(a, b):
+    else:
         ops.append({"op": "replace", "path": path, "value": b})
 
 
 def _diff_list(a: list[Any], b: list[Any], path: str, ops: list[Operation]) -> None:
     n, m = len(a), len(b)
     start = 0
-    while start < n and start < m and equal(a[start], b[start]):
+    while start < n and start < m and same(a[start], b[start]):
         start += 1
     tail = 0
-    while tail < n - start and tail < m - start and equal(a[n - 1 - tail], b[m - 1 - tail]):
+    while tail < n - start and tail < m - start and same(a[n - 1 - tail], b[m - 1 - tail]):
         tail += 1
     middle_a, middle_b = n - start - tail, m - start - tail
     paired = min(middle_a, middle_b)

@@ -57,6 +57,19 @@ class MutateHandler:
         self.lumigoes = lumigoes
 
     def handle(self, request: AdmissionRequest) -> AdmissionResponse:
+        try:
+            return self._handle(request)
+        except BadRequest:
+            raise
+        except Exception as err:  # a bug or absurd input: refuse clearly rather than crash
+            log.exception("defaulter webhook failed", extra={"uid": request.uid})
+            return errored(
+                request,
+                500,
+                f"internal error in the Lumigo defaulter webhook ({type(err).__name__})",
+            )
+
+    def _handle(self, request: AdmissionRequest) -> AdmissionResponse:
         if request.operation not in ("CREATE", "UPDATE"):
             return allow(request, NOTHING_ON_DELETE if request.operation == "DELETE" else "")
         kind = request.kind

@@ -51,7 +51,7 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import LumigoSpec
-from webhook.jsonpatch import copy_json, equal
+from webhook.jsonpatch import copy_json, equal, same
 from webhook.quantity import parse_quantity, same_quantity
 
 JSON = dict[str, Any]
@@ -287,7 +287,7 @@ def skip_reason(obj: Mapping[str, Any], kind: str | None = None) -> str | None:
 
 def is_instrumented(obj: Mapping[str, Any], kind: str | None = None) -> bool:
     """Whether the pod template carries anything of ours (volume, init container, mount, env)."""
-    return not equal(remove(obj, kind), obj)
+    return not same(remove(obj, kind), obj)
 
 
 def _kind(obj: Mapping[str, Any], kind: str | None) -> str:
@@ -309,85 +309,90 @@ def _get(obj: Any, path: tuple[str, ...]) -> Any:
 
 
 def validate(obj: Any, kind: str | None = None) -> None:
-    """Raise InvalidObjectError unless every field `inject`/`remove` reads has the right type."""
-    if not isinstance(obj, Mapping):
+    """Raise InvalidObjectError unless every field `inject`/`remove` reads has the right type.
+    (JSON objects are dicts; paths are only formatted when something is wrong: this runs on
+    every admission.)"""
+    if not isinstance(obj, dict):
         raise InvalidObjectError("the object must be a JSON object")
     kind = _kind(obj, kind)
     path = pod_template_path(kind)
-    _check_metadata(obj, "metadata")
-    current: Any = obj
+    _check_metadata(obj.get("metadata"), "metadata")
+    node: Any = obj
     for depth, key in enumerate(path):
-        current = current.get(key)
-        if not isinstance(current, Mapping):
+        node = node.get(key)
+        if not isinstance(node, dict):
             raise InvalidObjectError(f"{'.'.join(path[: depth + 1])} must be an object")
     where = ".".join(path)
-    _check_metadata(current, f"{where}.metadata")
-    spec = current.get("spec")
-    if not isinstance(spec, Mapping):
-        raise InvalidObjectError(f"{where}.spec must be an object")
+    _check_metadata(node.get("metadata"), f"{where}.metadata")
+    spec = node.get("spec")
     where = f"{where}.spec"
+    if not isinstance(spec, dict):
+        raise InvalidObjectError(f"{where} must be an object")
     for key in ("containers", "initContainers"):
-        for i, container in enumerate(_list_of_objects(spec, key, where)):
+        for i, container in enumerate(_objects(spec.get(key), f"{where}.{key}")):
             _check_container(container, f"{where}.{key}[{i}]")
-    for i, volume in enumerate(_list_of_objects(spec, "volumes", where)):
-        _check_type(volume, "name", str, f"{where}.volumes[{i}]", required=True)
+    for i, volume in enumerate(_objects(spec.get("volumes"), f"{where}.volumes")):
+        _check(volume, "name", str, f"{where}.volumes[{i}]", required=True)
     for key in ("securityContext", "resources", "os"):
-        _check_type(spec, key, Mapping, where)
+        _check(spec, key, dict, where)
     context = spec.get("securityContext") or {}
-    _check_type(context, "fsGroup", int, f"{where}.securityContext")
-    _check_type(context, "runAsNonRoot", bool, f"{where}.securityContext")
+    _check(context, "fsGroup", int, f"{where}.securityContext")
+    _check(context, "runAsNonRoot", bool, f"{where}.securityContext")
 
 
-def _check_metadata(holder: Mapping[str, Any], where: str) -> None:
-    meta = holder.get("metadata")
+def _check_metadata(meta: Any, where: str) -> None:
     if meta is None:
         return
-    if not isinstance(meta, Mapping):
+    if not isinstance(meta, dict):
         raise InvalidObjectError(f"{where} must be an object")
     labels = meta.get("labels")
     if labels is not None:
-        if not isinstance(labels, Mapping):
+        if not isinstance(labels, dict):
             raise InvalidObjectError(f"{where}.labels must be an object")
         for key, value in labels.items():
             if not isinstance(value, str):
                 raise InvalidObjectError(f"{where}.labels[{key!r}] must be a string")
-    _list_of_objects(meta, "ownerReferences", where)
+    _objects(meta.get("ownerReferences"), f"{where}.ownerReferences")
 
 
-def _check_container(container: Mapping[str, Any], where: str) -> None:
-    _check_type(container, "name", str, where, required=True)
-    for i, env in enumerate(_list_of_objects(container, "env", where)):
-        _check_type(env, "name", str, f"{where}.env[{i}]", required=True)
-    for i, mount in enumerate(_list_of_objects(container, "volumeMounts", where)):
-        _check_type(mount, "name", str, f"{where}.volumeMounts[{i}]")
-        _check_type(mount, "mountPath", str, f"{where}.volumeMounts[{i}]")
-    _check_type(container, "resources", Mapping, where)
+def _check_container(container: JSON, where: str) -> None:
+    _check(container, "name", str, where, required=True)
+    env = container.get("env")
+    if env is not None:
+        for i, entry in enumerate(_objects(env, f"{where}.env")):
+            if not isinstance(entry.get("name"), str):
+                _check(entry, "name", str, f"{where}.env[{i}]", required=True)
+    mounts = container.get("volumeMounts")
+    if mounts is not None:
+        for i, mount in enumerate(_objects(mounts, f"{where}.volumeMounts")):
+            _check(mount, "name", str, f"{where}.volumeMounts[{i}]")
+            _check(mount, "mountPath", str, f"{where}.volumeMounts[{i}]")
+    _check(container, "resources", dict, where)
 
 
-def _list_of_objects(holder: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
-    items = holder.get(key)
+def _objects(items: Any, where: str) -> list[JSON]:
+    """`items` if it is absent or an array of objects; raises naming `where` otherwise."""
     if items is None:
         return []
     if not isinstance(items, list):
-        raise InvalidObjectError(f"{where}.{key} must be an array")
+        raise InvalidObjectError(f"{where} must be an array")
     for i, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise InvalidObjectError(f"{where}.{key}[{i}] must be an object")
+        if not isinstance(item, dict):
+            raise InvalidObjectError(f"{where}[{i}] must be an object")
     return items
 
 
-def _check_type(
-    holder: Mapping[str, Any], key: str, expected: type, where: str, required: bool = False
-) -> None:
+_TYPE_NAMES: Final = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object"}
+
+
+def _check(holder: JSON, key: str, expected: type, where: str, required: bool = False) -> None:
     value = holder.get(key)
     if value is None:
         if required:
             raise InvalidObjectError(f"{where}.{key} is required")
         return
-    wrong_bool = expected is int and isinstance(value, bool)
-    if not isinstance(value, expected) or wrong_bool:
-        names = {str: "a string", int: "an integer", bool: "a boolean", Mapping: "an object"}
-        raise InvalidObjectError(f"{where}.{key} must be {names.get(expected, expected.__name__)}")
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise InvalidObjectError(f"{where}.{key} must be {_TYPE_NAMES[expected]}")
 
 
 # --- inject --------------------------------------------------------------------------------
@@ -410,7 +415,7 @@ def inject(obj: Mapping[str, Any], settings: InjectionSettings, kind: str | None
     pod_spec = template["spec"]
     before = copy_json(pod_spec)
     _inject_pod_spec(pod_spec, settings)
-    if not equal(before, pod_spec):
+    if not same(before, pod_spec):
         _set_label(result, settings.label_value)
         _set_label(template, settings.label_value)
     return result

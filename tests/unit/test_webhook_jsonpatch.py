@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.jsonpatch import JsonPatchError, apply, diff, equal, escape, parse_pointer, pointer
+from webhook.jsonpatch import (
+    JsonPatchError,
+    apply,
+    copy_json,
+    diff,
+    equal,
+    escape,
+    parse_pointer,
+    pointer,
+    same,
+)
 
 # Keys deliberately full of the characters JSON Pointer escapes.
 keys = st.text(alphabet="ab/~01-", max_size=4)
@@ -134,3 +144,22 @@ def _escape_regex(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+def test_shared_sub_objects_are_copied_apart() -> None:
+    """A document built in Python may use one object in two places; a patch to one place must
+    not change the other (a copy that kept the sharing did exactly that)."""
+    shared = {"secretKeyRef": {"name": "s", "key": "k"}}
+    doc = {"env": [{"name": "A", "valueFrom": shared}, {"name": "B", "valueFrom": shared}]}
+    out = apply(doc, [{"op": "remove", "path": "/env/0/valueFrom/secretKeyRef"}])
+    assert out["env"][1]["valueFrom"] == {"secretKeyRef": {"name": "s", "key": "k"}}
+    copied = copy_json(doc)
+    assert copied == doc
+    assert copied["env"][0]["valueFrom"] is not copied["env"][1]["valueFrom"]
+
+
+def test_same_is_exact_where_python_equality_is_not() -> None:
+    assert same({"a": [1, {"b": True}]}, {"a": [1, {"b": True}]})
+    assert not same({"a": [1, {"b": True}]}, {"a": [1, {"b": 1}]})
+    assert same({"x": 1, "y": 2}, {"y": 2, "x": 1})  # key order is not significant
+    assert same([1], [1.0])
