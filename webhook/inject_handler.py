@@ -20,7 +20,8 @@ Gating, in the reference's order and with its texts (reference §3 steps 1-8):
     then name) counts, as in the controller.
  4. None: inject only if the workload is labelled `lumigo.auto-trace=true`, with the token and
     flags from its `lumigo.token-secret`/`lumigo.token-key`/`lumigo.enable-*` labels.
- 5. Injection disabled in the spec, or the resource not Active: allowed unchanged.
+ 5. Injection disabled in the spec, or the resource not Active (or being deleted): allowed
+    unchanged.
  6. `lumigo.auto-trace=skip-next-injector`: the label is removed, nothing injected.
  7. Opted out (`lumigo.auto-trace=false`): allowed unchanged, no event (the reference sent a
     Warning on every update). Other errors: Warning event LumigoCannotAdd/UpdateInstrumentation.
@@ -61,6 +62,9 @@ JSON = dict[str, Any]
 
 NOTHING_ON_DELETE: Final = "Mutating webhooks have nothing to do on deletions"
 NOT_A_WORKLOAD: Final = "The Lumigo Injector webhook does not mutate resources of type {kind}"
+NOT_A_SUBRESOURCE: Final = (
+    "The Lumigo Injector webhook does not mutate the {sub_resource} subresource"
+)
 NO_LUMIGO: Final = (
     "No Lumigo configuration for the '{namespace}' namespace; resource will not be mutated"
 )
@@ -148,6 +152,8 @@ class InjectHandler:
         kind = request.kind
         if mutation.SUPPORTED_KINDS.get(kind.kind) != kind.api_version:
             return allow(request, NOT_A_WORKLOAD.format(kind=kind))
+        if request.sub_resource:  # e.g. deployments/status: the API server ignores spec changes
+            return allow(request, NOT_A_SUBRESOURCE.format(sub_resource=request.sub_resource))
         obj = request.object or {}
         try:
             mutation.validate(obj, kind.kind)
@@ -171,10 +177,9 @@ class InjectHandler:
                 "internal-error",
             )
         self._count(subject.namespace, kind.kind, decision.result, decision.reason)
-        log.debug(
-            "admission decision",
-            extra={**_log_fields(subject), "result": decision.result, "reason": decision.reason},
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            fields = {**_log_fields(subject), "result": decision.result, "reason": decision.reason}
+            log.debug("admission decision", extra=fields)
         return decision.response
 
     # -- gating ----------------------------------------------------------------------------------
@@ -201,7 +206,9 @@ class InjectHandler:
             if _injection_disabled(spec):
                 message = INJECTION_DISABLED.format(namespace=namespace)
                 return _Decision(allow(request, message), "skipped", "injection-disabled")
-            if not is_active(lumigo):
+            if not is_active(lumigo) or _metadata(lumigo).get("deletionTimestamp"):
+                # Being deleted: the controller is removing instrumentation from the namespace,
+                # so new workloads must not get it either.
                 message = NOT_ACTIVE.format(namespace=namespace)
                 return _Decision(allow(request, message), "skipped", "not-active")
             meta = _metadata(lumigo)

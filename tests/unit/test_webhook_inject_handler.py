@@ -429,3 +429,30 @@ def test_the_token_is_referenced_never_copied() -> None:
         (token_env,) = [e for e in container["env"] if e["name"] == "LUMIGO_TRACER_TOKEN"]
         assert set(token_env) == {"name", "valueFrom"}
         assert set(token_env["valueFrom"]) == {"secretKeyRef"}
+
+
+def test_subresources_are_not_mutated() -> None:
+    """deployments/status or /scale updates: the API server would drop a spec patch anyway, and
+    an "Added" event would then be a lie."""
+    world = World()
+    review = json.loads(review_body(deployment(), operation="UPDATE"))
+    review["request"]["subResource"] = "status"
+    response = world.handler.handle(parse_review(json.dumps(review).encode(), "application/json"))
+    assert response.allowed
+    assert not response.patch
+    assert response.message == (
+        "The Lumigo Injector webhook does not mutate the status subresource"
+    )
+    assert world.recorder.events == []
+
+
+def test_a_lumigo_being_deleted_counts_as_inactive() -> None:
+    """Its finalizer is removing instrumentation from the namespace: new workloads must not get
+    it meanwhile, or they would stay instrumented after the Lumigo resource is gone."""
+    deleting = lumigo()
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-02T00:00:00Z"
+    response = World([deleting]).admit(deployment())
+    assert not response.patch
+    assert response.message == (
+        "The Lumigo object in the 'ns' namespace is not active; resource will not be mutated"
+    )
