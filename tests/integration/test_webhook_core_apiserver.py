@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from api import constants
+from localcluster import LocalCluster, wait_until
 from webhook import mutation
 from webhook.admission import AdmissionResponse, parse_review
 from webhook.inject_handler import InjectHandler
