@@ -280,6 +280,14 @@ def test_default_render_applies_with_server_side_dry_run(
     assert not exists(cluster, "deployment", deployment, "-n", namespace)
 
 
+def test_long_release_name_gives_valid_object_names(cluster: LocalCluster, namespace: str) -> None:
+    manifest = render_chart("lumigo-production-eu-west-1-tracing", namespace)
+    services = [d for d in load_docs(manifest) if d["kind"] == "Service"]
+    assert services
+    assert all(len(s["metadata"]["name"]) <= 63 for s in services)
+    cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
+
+
 def test_non_default_render_applies_with_server_side_dry_run(
     cluster: LocalCluster, crd: Path, namespace: str
 ) -> None:

@@ -3,16 +3,19 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Full name: <release>-<chart>, e.g. lumigo-lumigo-operator (object names derive from it). */}}
+{{/*
+Full name: <release>-<chart>, e.g. lumigo-lumigo-operator (object names derive from it). At most
+26 characters, so that <fullname>-controller-manager-metrics-service is a valid Service name (63).
+*/}}
 {{- define "lumigo-operator.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 26 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- .Release.Name | trunc 26 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 26 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
