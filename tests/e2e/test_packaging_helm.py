@@ -186,7 +186,7 @@ def test_non_default_values_are_rendered() -> None:
     assert env["LUMIGO_INJECTOR_IMAGE"] == "registry.example.com/lumigo/autotrace:v9.9.9"
     assert env["LUMIGO_LOG_LEVEL"] == "debug"
     assert env["TELEMETRY_PROXY_OTLP_SERVICE"] == (
-        "http://acme-tracing-telemetry-proxy-service.observability.svc.cluster.local"
+        "http://acme-tracing-telemetry-proxy-service.$(POD_NAMESPACE).svc.cluster.local"
     )
     injector_name = "acme-tracing-injector-webhook-configuration"
     defaulter_name = "acme-tracing-defaulter-webhook-configuration"

@@ -223,6 +223,10 @@ def test_manager_flags_follow_the_contract() -> None:
     ]
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # $(POD_NAMESPACE) is only expanded when defined earlier in the list.
+    names = [e["name"] for e in container["env"]]
+    assert "$(POD_NAMESPACE)" in env["TELEMETRY_PROXY_OTLP_SERVICE"]["value"]
+    assert names.index("POD_NAMESPACE") < names.index("TELEMETRY_PROXY_OTLP_SERVICE")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"webhook-server": 9443, "metrics": 8080, "health": 8081}
     service = one(CONFIG / "webhook" / "service.yaml", "Service")

@@ -62,7 +62,7 @@ lumigo-kubernetes-operator
 {{- end }}
 
 {{- define "lumigo-operator.telemetryProxyEndpoint" -}}
-http://{{ include "lumigo-operator.fullname" . }}-telemetry-proxy-service.{{ .Release.Namespace }}.svc.cluster.local
+http://{{ include "lumigo-operator.fullname" . }}-telemetry-proxy-service.$(POD_NAMESPACE).svc.cluster.local
 {{- end }}
 
 {{- define "lumigo-operator.managerImage" -}}
