@@ -6,9 +6,11 @@ real kube-apiserver; a failing command fails the test with its full output.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 CHART = ROOT / "charts" / "lumigo-operator"
 CRD_NAME = "lumigoes.operator.lumigo.io"
-# Helm keeps its caches and repository config here, not in the user's home.
+# Helm keeps its caches and repository config here, not in the user's home; removed at exit.
 HELM_HOME = Path(tempfile.mkdtemp(prefix="lumigo-helm-home-"))
+atexit.register(shutil.rmtree, HELM_HOME, ignore_errors=True)
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, input: str | None = None,
