@@ -1,4 +1,3 @@
-# ruff: noqa: S105 - names of secrets and token env vars, not secrets
 """Names and values shared by the webhook, the controller and the manifests.
 
 These are part of the compatibility contract with the reference Lumigo operator: changing one

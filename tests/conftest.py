@@ -7,6 +7,7 @@ Tiers are markers derived from the directory (tests/unit, tests/integration, tes
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack"))
 
+from controller.kube import KubeClient  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
 
 CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
@@ -43,6 +45,12 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> KubeClient:
+    """The operator's own API client, as the cluster admin."""
+    return KubeClient.from_kubeconfig(cluster.kubeconfig)
 
 
 @pytest.fixture
@@ -76,3 +84,16 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def injector_payload() -> Path:
+    """The injector payload tree (what the init container copies to /opt/lumigo).
+
+    `make test` builds it first (`make payload`); building here again is a cached no-op.
+    """
+    out = ROOT / "build" / "payload"
+    subprocess.run(
+        [sys.executable, str(ROOT / "injector" / "build-payload"), "--out", str(out)], check=True
+    )
+    return out

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from localcluster import LocalCluster, wait_until
 
 from api.lumigo import dump_spec, load_spec
+from localcluster import LocalCluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"

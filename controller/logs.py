@@ -1,0 +1,64 @@
+"""Structured JSON-lines logging with per-thread context (e.g. the reconcile key).
+
+Every line is one JSON object: ts, level, logger, msg, the context fields bound with
+`log_context(...)` on the current thread, and any `extra={...}` fields. Nothing else is added,
+so what reaches a log line is always explicit (tokens are never passed to a logger).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "lumigo_log_context", default=None
+)
+
+# Attributes every LogRecord has; anything else came from `extra=`.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+@contextlib.contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Add fields to every log line emitted in this block (this thread/context only)."""
+    current = _context.get() or {}
+    token = _context.set({**current, **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        line.update(_context.get() or {})
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                line[key] = value
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def setup_logging(level: str = "info", stream: Any = None) -> None:
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JSONFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("urllib3", "requests"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,417 @@
+"""Controllers and the manager that runs them: controller-runtime's model, hand-written.
+
+A `Controller` owns a rate-limited work queue and a pool of workers calling one reconcile
+function per key; watches map informer events to keys ("for" the primary kind, "owns" children
+through owner references, "watches" anything else through a mapping function). The `Manager`
+shares informers between controllers, runs the probe/metrics server, runs always-on runnables
+(the webhook server) on every replica and leader-only runnables (controllers, certificate
+rotation) on the Lease holder, and shuts everything down gracefully on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.resources import ApiError, Resource
+from controller.health import CheckFailed, ProbeServer
+from controller.informer import FuncHandler, Informer, Transform
+from controller.kube import KubeClient
+from controller.leader import LeaderElector
+from controller.logs import log_context
+from controller.metrics import (
+    ACTIVE_WORKERS,
+    MAX_CONCURRENT,
+    RECONCILE_ERRORS,
+    RECONCILE_PANICS,
+    RECONCILE_TIME,
+    RECONCILE_TOTAL,
+    TERMINAL_ERRORS,
+)
+from controller.ratelimit import default_controller_rate_limiter
+from controller.store import ObjectKey, key_of
+from controller.workqueue import RateLimitingQueue
+
+log = logging.getLogger("lumigo.manager")
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks for next (controller-runtime's ctrl.Result)."""
+
+    requeue: bool = False
+    requeue_after: float = 0.0
+
+
+class TerminalError(Exception):
+    """A reconcile error that retrying cannot fix: logged and counted, not requeued."""
+
+
+Reconcile = Callable[[ObjectKey], Result | None]
+Mapper = Callable[[JSON], Iterable[ObjectKey]]
+
+
+@dataclass
+class _Watch:
+    informer: Informer
+    mapper: Mapper
+    predicate: Callable[[JSON | None, JSON], bool] | None = None
+
+
+class Controller:
+    """A named reconcile loop: watches -> queue -> `workers` threads -> reconcile."""
+
+    def __init__(
+        self,
+        name: str,
+        reconcile: Reconcile,
+        *,
+        workers: int = 1,
+        queue: RateLimitingQueue[ObjectKey] | None = None,
+    ) -> None:
+        self.name = name
+        self.reconcile = reconcile
+        self.workers = workers
+        self.queue = queue or RateLimitingQueue[ObjectKey](
+            name=name, rate_limiter=default_controller_rate_limiter()
+        )
+        self._watches: list[_Watch] = []
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        for result in ("success", "error", "requeue", "requeue_after"):
+            RECONCILE_TOTAL.labels(name, result)
+        RECONCILE_ERRORS.labels(name)
+        TERMINAL_ERRORS.labels(name)
+        RECONCILE_PANICS.labels(name)
+        MAX_CONCURRENT.labels(name).set(workers)
+        ACTIVE_WORKERS.labels(name).set(0)
+
+    # -- wiring ---------------------------------------------------------------------------------
+    def for_(
+        self, informer: Informer, predicate: Callable[[JSON | None, JSON], bool] | None = None
+    ) -> Controller:
+        """Reconcile the watched object itself."""
+        self._watches.append(_Watch(informer, lambda obj: [key_of(obj)], predicate))
+        return self
+
+    def owns(
+        self, informer: Informer, owner: Resource, *, only_controller: bool = True
+    ) -> Controller:
+        """Reconcile the owner (matched by group and kind) of each watched child."""
+        group, kind = owner.group, owner.kind
+
+        def owners(obj: JSON) -> list[ObjectKey]:
+            namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+            keys = []
+            for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+                if only_controller and not ref.get("controller"):
+                    continue
+                ref_group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+                if ref_group == group and ref.get("kind") == kind:
+                    keys.append(ObjectKey(namespace if owner.namespaced else "", ref["name"]))
+            return keys
+
+        self._watches.append(_Watch(informer, owners))
+        return self
+
+    def watches(
+        self,
+        informer: Informer,
+        mapper: Mapper,
+        predicate: Callable[[JSON | None, JSON], bool] | None = None,
+    ) -> Controller:
+        """Reconcile whatever keys `mapper` returns for each event on another kind."""
+        self._watches.append(_Watch(informer, mapper, predicate))
+        return self
+
+    def _handler(self, watch: _Watch) -> FuncHandler:
+        def enqueue(old: JSON | None, obj: JSON) -> None:
+            if watch.predicate is not None and not watch.predicate(old, obj):
+                return
+            for key in watch.mapper(obj):
+                self.queue.add(key)
+
+        def on_update(old: JSON, new: JSON) -> None:
+            enqueue(old, new)
+            # If the mapping changed (e.g. a new owner), the old key must hear about it too.
+            for key in set(watch.mapper(old)) - set(watch.mapper(new)):
+                self.queue.add(key)
+
+        return FuncHandler(
+            add=lambda obj: enqueue(None, obj),
+            update=on_update,
+            delete=lambda obj: enqueue(None, obj),
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for watch in self._watches:
+            watch.informer.add_handler(self._handler(watch))
+        for i in range(self.workers):
+            thread = threading.Thread(
+                target=self._worker, name=f"{self.name}-worker-{i}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        log.info("controller started", extra={"controller": self.name, "workers": self.workers})
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking work, let in-flight reconciles finish (bounded), join the workers."""
+        self.queue.shut_down_with_drain(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _worker(self) -> None:
+        while True:
+            key, shutdown = self.queue.get()
+            if shutdown:
+                return
+            try:
+                self._process(key)
+            finally:
+                self.queue.done(key)
+
+    def _process(self, key: ObjectKey) -> None:
+        ACTIVE_WORKERS.labels(self.name).inc()
+        started = time.monotonic()
+        try:
+            with log_context(controller=self.name, key=str(key)):
+                try:
+                    result = self.reconcile(key) or Result()
+                except TerminalError as err:
+                    RECONCILE_TOTAL.labels(self.name, "error").inc()
+                    RECONCILE_ERRORS.labels(self.name).inc()
+                    TERMINAL_ERRORS.labels(self.name).inc()
+                    log.error("reconcile failed permanently", extra={"error": str(err)})
+                    self.queue.forget(key)
+                    return
+                except Exception as err:
+                    RECONCILE_TOTAL.labels(self.name, "error").inc()
+                    RECONCILE_ERRORS.labels(self.name).inc()
+                    log.warning(
+                        "reconcile failed, requeueing with backoff",
+                        extra={"error": str(err), "requeues": self.queue.num_requeues(key)},
+                        exc_info=not isinstance(err, ApiError),  # API errors need no stack
+                    )
+                    self.queue.add_rate_limited(key)
+                    return
+                if result.requeue_after > 0:
+                    RECONCILE_TOTAL.labels(self.name, "requeue_after").inc()
+                    self.queue.forget(key)
+                    self.queue.add_after(key, result.requeue_after)
+                elif result.requeue:
+                    RECONCILE_TOTAL.labels(self.name, "requeue").inc()
+                    self.queue.add_rate_limited(key)
+                else:
+                    RECONCILE_TOTAL.labels(self.name, "success").inc()
+                    self.queue.forget(key)
+        finally:
+            RECONCILE_TIME.labels(self.name).observe(time.monotonic() - started)
+            ACTIVE_WORKERS.labels(self.name).dec()
+
+
+@dataclass
+class Runnable:
+    """Something the manager starts and stops (webhook server, certificate rotator, ...)."""
+
+    name: str
+    start: Callable[[], None]
+    stop: Callable[[], None]
+    leader_only: bool = False
+
+
+@dataclass
+class ManagerOptions:
+    namespace: str = "default"
+    leader_election: bool = True
+    leader_election_id: str = "1447aab8.lumigo.io"
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    health_probe_bind_address: str = ":8081"
+    metrics_bind_address: str = ":8080"
+    cache_sync_timeout: float = 120.0
+    graceful_shutdown_timeout: float = 30.0
+    identity: str | None = None
+    on_lost_leadership: Callable[[], None] | None = None
+
+
+@dataclass
+class Manager:
+    """Runs informers, probes, runnables and (on the leader) controllers."""
+
+    client: KubeClient
+    options: ManagerOptions = field(default_factory=ManagerOptions)
+
+    def __post_init__(self) -> None:
+        self._informers: dict[tuple[Any, ...], Informer] = {}
+        self._controllers: list[Controller] = []
+        self._runnables: list[Runnable] = []
+        self._started_runnables: list[Runnable] = []
+        self._lock = threading.Lock()
+        self._leader_started = False
+        self._stopped = threading.Event()
+        self.elector: LeaderElector | None = None
+        opts = self.options
+        self.probes = ProbeServer(
+            opts.health_probe_bind_address,
+            probes=True,
+            metrics=opts.health_probe_bind_address == opts.metrics_bind_address,
+        )
+        self.metrics_server: ProbeServer | None = None
+        if opts.metrics_bind_address not in ("0", "", opts.health_probe_bind_address):
+            self.metrics_server = ProbeServer(opts.metrics_bind_address, probes=False)
+        self.probes.healthz["informers"] = self._informers_alive
+        self.probes.readyz["informers"] = self._informers_synced
+
+    # -- registration ---------------------------------------------------------------------------
+    def informer(
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        transform: Transform | None = None,
+        indexed_labels: tuple[str, ...] = (),
+    ) -> Informer:
+        """The shared informer for this resource/namespace/selector (created on first use)."""
+        key = (resource, namespace, label_selector)
+        with self._lock:
+            informer = self._informers.get(key)
+            if informer is None:
+                informer = Informer(
+                    self.client,
+                    resource,
+                    namespace=namespace,
+                    label_selector=label_selector,
+                    transform=transform,
+                    indexed_labels=indexed_labels,
+                )
+                self._informers[key] = informer
+            return informer
+
+    def add_controller(self, controller: Controller) -> None:
+        self._controllers.append(controller)
+
+    def add_runnable(self, runnable: Runnable) -> None:
+        self._runnables.append(runnable)
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _informers_alive(self) -> None:
+        dead = [i.name for i in self._informers.values() if not i.healthy()]
+        if dead:
+            raise CheckFailed(f"informer threads died: {', '.join(sorted(dead))}")
+
+    def _informers_synced(self) -> None:
+        pending = [i.name for i in self._informers.values() if not i.has_synced()]
+        if pending:
+            raise CheckFailed(f"caches not synced: {', '.join(sorted(pending))}")
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start probes, informers (wait for sync), always-on runnables, then campaign."""
+        self.probes.start()
+        if self.metrics_server is not None:
+            self.metrics_server.start()
+        for informer in list(self._informers.values()):
+            informer.start()
+        deadline = time.monotonic() + self.options.cache_sync_timeout
+        for informer in list(self._informers.values()):
+            if not informer.wait_for_sync(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(
+                    f"cache for {informer.name} did not sync within "
+                    f"{self.options.cache_sync_timeout:.0f}s: {informer.last_error}"
+                )
+        for runnable in self._runnables:
+            if not runnable.leader_only:
+                self._start_runnable(runnable)
+        if self.options.leader_election:
+            opts = self.options
+            self.elector = LeaderElector(
+                self.client.clone(timeout=opts.renew_deadline / 2, retry_attempts=1),
+                opts.namespace,
+                opts.leader_election_id,
+                identity=opts.identity,
+                lease_duration=opts.lease_duration,
+                renew_deadline=opts.renew_deadline,
+                retry_period=opts.retry_period,
+                on_started_leading=self._start_leader_work,
+                on_stopped_leading=opts.on_lost_leadership or _exit_on_lost_leadership,
+            )
+            self.elector.start()
+        else:
+            self._start_leader_work()
+
+    def _start_runnable(self, runnable: Runnable) -> None:
+        runnable.start()
+        self._started_runnables.append(runnable)
+        log.info("started", extra={"runnable": runnable.name})
+
+    def _start_leader_work(self) -> None:
+        with self._lock:
+            if self._leader_started or self._stopped.is_set():
+                return
+            self._leader_started = True
+        for runnable in self._runnables:
+            if runnable.leader_only:
+                self._start_runnable(runnable)
+        for controller in self._controllers:
+            controller.start()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader_started
+
+    def stop(self) -> None:
+        """Graceful: drain controllers (bounded), stop runnables, release the Lease, stop caches."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        timeout = self.options.graceful_shutdown_timeout
+        for controller in self._controllers:
+            controller.stop(timeout)
+        for runnable in reversed(self._started_runnables):
+            try:
+                runnable.stop()
+            except Exception:
+                log.exception("stopping runnable failed", extra={"runnable": runnable.name})
+        if self.elector is not None:
+            self.elector.stop()
+        for informer in self._informers.values():
+            informer.stop()
+        self.probes.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+
+    def run(self) -> int:
+        """Start, block until SIGTERM/SIGINT, stop. Returns the process exit code."""
+        done = threading.Event()
+
+        def on_signal(signum: int, _frame: object) -> None:
+            log.info("signal received, shutting down", extra={"signal": signum})
+            done.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        done.wait()
+        self.stop()
+        return 0
+
+
+def _exit_on_lost_leadership() -> None:
+    log.error("lost leadership; exiting so that a fresh process can campaign again")
+    logging.shutdown()
+    os._exit(1)

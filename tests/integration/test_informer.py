@@ -1,0 +1,186 @@
+"""Informers on a real API server: no lost events, survival of restarts and of 410 Gone."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pykube
+import pytest
+
+from api.resources import CONFIGMAPS
+from controller.informer import FuncHandler, Informer, metadata_projection
+from controller.kube import KubeClient
+from localcluster import LocalCluster, wait_until
+from tests.support.tcpproxy import TCPProxy
+
+JSON = dict[str, Any]
+
+
+class Recorder:
+    """Collects what handlers saw, per object name."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: dict[str, list[str]] = defaultdict(list)
+        self.last: dict[str, JSON] = {}
+
+    def handler(self) -> FuncHandler:
+        return FuncHandler(
+            add=lambda o: self._record("add", o),
+            update=lambda old, new: self._record("update", new),
+            delete=lambda o: self._record("delete", o),
+        )
+
+    def _record(self, what: str, obj: JSON) -> None:
+        name = obj["metadata"]["name"]
+        with self.lock:
+            self.events[name].append(what)
+            self.last[name] = obj
+
+    def saw(self, name: str, what: str) -> bool:
+        with self.lock:
+            return what in self.events.get(name, [])
+
+
+@pytest.fixture
+def informers() -> Iterator[list[Informer]]:
+    started: list[Informer] = []
+    yield started
+    for informer in started:
+        informer.stop()
+
+
+def start(informers: list[Informer], informer: Informer) -> Informer:
+    informers.append(informer)
+    informer.start()
+    assert informer.wait_for_sync(30), informer.last_error
+    return informer
+
+
+def cm(name: str, **labels: str) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"v": "0"},
+    }
+
+
+def test_sees_every_create_update_delete(
+    kube: KubeClient, namespace: str, informers: list[Informer]
+) -> None:
+    kube.create(CONFIGMAPS, cm("before"), namespace)
+    recorder = Recorder()
+    informer = Informer(kube, CONFIGMAPS, namespace=namespace, indexed_labels=("tier",))
+    informer.add_handler(recorder.handler())
+    start(informers, informer)
+    assert recorder.saw("before", "add")
+
+    names = [f"cm-{i:03d}" for i in range(150)]
+    for i, name in enumerate(names):
+        kube.create(CONFIGMAPS, cm(name, tier="odd" if i % 2 else "even"), namespace)
+    for name in names[:50]:
+        kube.merge_patch(CONFIGMAPS, name, {"data": {"v": "1"}}, namespace)
+    for name in names[100:]:
+        kube.delete(CONFIGMAPS, name, namespace)
+
+    def converged() -> bool:
+        return len(informer.store.list(namespace)) == 101  # 100 left + "before"
+
+    wait_until(converged, 30, "the store to hold exactly the live objects")
+    wait_until(lambda: all(recorder.saw(n, "delete") for n in names[100:]), 30, "deletes")
+    for name in names:
+        assert recorder.saw(name, "add"), name
+    for name in names[:50]:
+        assert recorder.saw(name, "update"), name
+        assert informer.get(namespace, name)["data"] == {"v": "1"}  # type: ignore[index]
+    assert {o["metadata"]["name"] for o in informer.store.by_label("tier", "even")} == {
+        n for i, n in enumerate(names[:100]) if i % 2 == 0
+    }
+    assert [o["metadata"]["name"] for o in informer.store.by_label("tier", None)] == ["before"]
+    assert informer.healthy()
+
+
+def test_projection_keeps_only_metadata(
+    kube: KubeClient, namespace: str, informers: list[Informer]
+) -> None:
+    kube.create(CONFIGMAPS, cm("big", app="x"), namespace)
+    informer = start(
+        informers,
+        Informer(kube, CONFIGMAPS, namespace=namespace, transform=metadata_projection()),
+    )
+    cached = informer.get(namespace, "big")
+    assert cached is not None
+    assert "data" not in cached
+    assert cached["metadata"]["labels"] == {"app": "x"}
+    assert cached["kind"] == "ConfigMap"
+    assert "managedFields" not in cached["metadata"]
+
+
+def test_survives_an_api_server_restart(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, informers: list[Informer]
+) -> None:
+    recorder = Recorder()
+    informer = Informer(kube, CONFIGMAPS, namespace=namespace)
+    informer.add_handler(recorder.handler())
+    start(informers, informer)
+    kube.create(CONFIGMAPS, cm("one"), namespace)
+    wait_until(lambda: recorder.saw("one", "add"), 30, "the first add")
+
+    cluster.restart_apiserver()
+    kube.create(CONFIGMAPS, cm("two"), namespace)
+    kube.delete(CONFIGMAPS, "one", namespace)
+    wait_until(lambda: recorder.saw("two", "add"), 60, "an add after the restart")
+    wait_until(lambda: recorder.saw("one", "delete"), 60, "a delete after the restart")
+    assert informer.healthy()
+
+
+def test_relists_after_410_and_emits_deletes_that_happened_while_away(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, informers: list[Informer]
+) -> None:
+    proxy = TCPProxy("127.0.0.1", cluster.apiserver_port)
+    try:
+        config = pykube.KubeConfig.from_file(str(cluster.kubeconfig))
+        config.cluster["server"] = proxy.url
+        via_proxy = KubeClient(config, retry_attempts=1)
+        for name in ("stays", "goes", "changes"):
+            kube.create(CONFIGMAPS, cm(name), namespace)
+        recorder = Recorder()
+        informer = Informer(via_proxy, CONFIGMAPS, namespace=namespace)
+        informer.add_handler(recorder.handler())
+        start(informers, informer)
+        relists = informer.relists
+        stale_rv = informer.resource_version
+
+        proxy.pause()  # the informer is cut off; the test keeps talking to the API server
+        kube.delete(CONFIGMAPS, "goes", namespace)
+        kube.merge_patch(CONFIGMAPS, "changes", {"data": {"v": "2"}}, namespace)
+        kube.create(CONFIGMAPS, cm("new"), namespace)
+        cluster.compact_etcd()  # history before now is gone: resuming from stale_rv gets 410
+        cluster.restart_apiserver()  # and the watch cache no longer remembers it either
+        proxy.resume()
+
+        wait_until(lambda: informer.relists > relists, 90, "a relist after 410 Gone")
+        wait_until(lambda: recorder.saw("goes", "delete"), 30, "the synthetic delete")
+        assert recorder.saw("new", "add")
+        assert recorder.saw("changes", "update")
+        assert informer.get(namespace, "changes")["data"] == {"v": "2"}  # type: ignore[index]
+        assert informer.get(namespace, "goes") is None
+        assert informer.resource_version != stale_rv
+        assert informer.healthy()
+    finally:
+        proxy.close()
+
+
+def test_a_dead_informer_thread_is_reported_unhealthy(kube: KubeClient) -> None:
+    class Broken(Informer):
+        def _run(self) -> None:
+            return  # the thread ends although nobody stopped it: a fatal bug
+
+    broken = Broken(kube, CONFIGMAPS, namespace="default")
+    assert not broken.healthy()  # never started
+    broken.start()
+    wait_until(lambda: not broken.healthy(), 10, "the dead thread to be noticed")
