@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from localcluster import LocalCluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

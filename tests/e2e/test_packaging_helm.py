@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
+from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CHART,
     CRD_NAME,

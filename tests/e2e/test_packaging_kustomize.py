@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
+from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,
     ROOT,

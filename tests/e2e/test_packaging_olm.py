@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import LocalCluster, Process, free_port, wait_until
 
+from localcluster import LocalCluster, Process, free_port, wait_until
 from tests.e2e.packaging_support import (
     BIN,
     CRD_NAME,

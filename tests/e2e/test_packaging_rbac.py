@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster
 
+from localcluster import LocalCluster
 from tests.e2e.packaging_support import load_docs, render_chart
 
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}

@@ -406,3 +406,32 @@ def test_dockerfile_is_slim_non_root_and_hash_verified() -> None:
     assert "--require-hashes" in text
     assert "requirements-runtime.lock" in text
     assert re.search(r'^ENTRYPOINT \["lumigo-operator", "run"\]', text, re.M)
+
+
+# --- the manifests and the manager CLI agree ----------------------------------------------
+
+
+def _cli_accepts(argv: list[str]) -> None:
+    """Parse like `lumigo-operator` would (argparse exits with status 2 on an unknown flag)."""
+    from controller.cli import _parser
+
+    _parser().parse_args(argv)
+
+
+def test_every_manager_flag_of_the_manifests_is_a_cli_flag() -> None:
+    config_args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+    (deployment,) = csv()["spec"]["install"]["spec"]["deployments"]
+    bundle_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    for args in (config_args, bundle_args):
+        _cli_accepts(["run", *args])
+
+
+def test_the_dockerfile_entrypoint_and_the_hook_command_are_cli_commands() -> None:
+    entrypoint = json.loads(
+        re.findall(r"^ENTRYPOINT (\[.*\])", (ROOT / "Dockerfile").read_text(), re.M)[0]
+    )
+    assert entrypoint[0] == "lumigo-operator"
+    _cli_accepts(entrypoint[1:])
+    template = (CHART / "templates" / "uninstall-hook.yaml").read_text()
+    assert "- lumigo-operator\n        - uninstall\n        - --timeout=" in template
+    _cli_accepts(["uninstall", "--timeout=120s"])
