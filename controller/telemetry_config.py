@@ -158,6 +158,11 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
         "processors": {
             "k8s_attributes": {
                 "auth_type": s.kube_auth,
+                # Spans are only forwarded once the pod cache is synced, so that none leaves
+                # unenriched after a restart; a proxy that cannot sync never becomes ready and
+                # the rollout keeps the old pods serving.
+                "wait_for_metadata": True,
+                "wait_for_metadata_timeout": "60s",
                 "extract": {"metadata": list(K8S_METADATA)},
                 "pod_association": [
                     {"sources": [{"from": "resource_attribute", "name": "k8s.pod.uid"}]},
