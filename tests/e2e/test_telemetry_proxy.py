@@ -1,0 +1,150 @@
+"""The telemetry proxy (the real collector, our rendered config) between a tracer and upstream.
+
+The tracer here is a plain OTLP/HTTP protobuf client, sending what the injected Lumigo distro
+sends: spans with `Authorization: LumigoToken <token>`. It connects from 127.0.0.1, so the pod it
+"runs in" is a Pod object whose status.podIP is 127.0.0.1, owned by a ReplicaSet owned by a
+Deployment: the proxy must find it by the connection's address, as in a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.resources import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
+from controller.kube import KubeClient
+from controller.telemetry_config import render
+from localcluster import LocalCluster, free_port, wait_until
+from tests.support.lumigo import random_token
+from tests.support.otel import (
+    OTLPSink,
+    export_request,
+    local_settings,
+    running_collector,
+    running_sink,
+    send_traces,
+)
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture
+def sink() -> Iterator[OTLPSink]:
+    with running_sink() as s:
+        yield s
+
+
+def owned(obj: JSON, owner: JSON) -> JSON:
+    obj["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+        }
+    ]
+    return obj
+
+
+def app_pod_on_loopback(kube: KubeClient, namespace: str) -> dict[str, JSON]:
+    """Deployment -> ReplicaSet -> Pod (podIP 127.0.0.1), as the controllers would leave them."""
+    labels = {"app": "checkout"}
+    template = {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+    }
+    deployment = kube.create(
+        DEPLOYMENTS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "checkout", "namespace": namespace},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+        },
+        namespace,
+    )
+    deployment.setdefault("apiVersion", "apps/v1")
+    deployment.setdefault("kind", "Deployment")
+    rs_body = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "checkout-7c9d8", "namespace": namespace},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+    }
+    replicaset = kube.create(REPLICASETS, owned(rs_body, deployment), namespace)
+    replicaset.setdefault("apiVersion", "apps/v1")
+    replicaset.setdefault("kind", "ReplicaSet")
+    pod_body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "checkout-7c9d8-x2x4q", "namespace": namespace, "labels": labels},
+        "spec": template["spec"],
+    }
+    pod = kube.create(PODS, owned(pod_body, replicaset), namespace)
+    status = {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
+    kube.merge_patch(PODS, pod["metadata"]["name"], {"status": status}, namespace, "status")
+    return {"deployment": deployment, "replicaset": replicaset, "pod": pod}
+
+
+def test_spans_reach_upstream_enriched_with_their_own_authorization(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, sink: OTLPSink, tmp_path: Path
+) -> None:
+    objects = app_pod_on_loopback(kube, namespace)
+    cluster_uid = kube.get(NAMESPACES, "kube-system")["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace, cluster_uid=cluster_uid)
+    token_a, token_b = random_token(), random_token()
+
+    with running_collector(render([], settings), tmp_path, settings.health_port, cluster.env()):
+        assert send_traces(settings.otlp_port, export_request("GET /a"), f"LumigoToken {token_a}")
+        assert send_traces(settings.otlp_port, export_request("GET /b"), f"LumigoToken {token_b}")
+        wait_until(
+            lambda: {s.name for s in sink.spans()} >= {"GET /a", "GET /b"},
+            60,
+            "both spans at the upstream sink",
+        )
+
+    spans = {s.name: s for s in sink.spans()}
+    # Tenancy per request: each batch keeps the Authorization it came with.
+    assert spans["GET /a"].authorization == f"LumigoToken {token_a}"
+    assert spans["GET /b"].authorization == f"LumigoToken {token_b}"
+    resource = spans["GET /a"].resource
+    pod, rs, deployment = objects["pod"], objects["replicaset"], objects["deployment"]
+    assert resource["service.name"] == "checkout"
+    assert resource["k8s.namespace.name"] == namespace
+    assert resource["k8s.pod.name"] == pod["metadata"]["name"]
+    assert resource["k8s.pod.uid"] == pod["metadata"]["uid"]
+    assert resource["k8s.replicaset.name"] == rs["metadata"]["name"]
+    assert resource["k8s.replicaset.uid"] == rs["metadata"]["uid"]
+    assert resource["k8s.deployment.name"] == "checkout"
+    assert resource["k8s.deployment.uid"] == deployment["metadata"]["uid"]
+    assert resource["k8s.cluster.uid"] == cluster_uid
+    assert resource["k8s.cluster.name"] == "local-test"
+    assert resource["lumigo.k8s_operator.version"] == "dev"
+
+
+def test_unreachable_upstream_does_not_break_the_proxy(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, tmp_path: Path
+) -> None:
+    """Upstream refuses connections: the proxy keeps accepting and says why in its logs."""
+    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    settings = local_settings(refused, namespace)
+    token = random_token()
+    config = render([], settings)
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()) as proxy:
+        for i in range(3):
+            status = send_traces(
+                settings.otlp_port, export_request(f"op-{i}"), f"LumigoToken {token}"
+            )
+            assert status == 200  # queued for retry; the tracer is never blocked or failed
+        wait_until(
+            lambda: "connection refused" in proxy.log_text(),
+            60,
+            "the export failure in the proxy's log",
+        )
+        assert proxy.alive()
+        assert proxy.healthy()
+        assert token not in proxy.log_text()
