@@ -84,6 +84,8 @@ class ProxySettings:
     """Everything in the configuration that does not come from the Lumigo resources."""
 
     upstream_endpoint: str = DEFAULT_UPSTREAM
+    # Full URL for logs (e.g. https://host/v1/logs) when logs go elsewhere than traces.
+    upstream_logs_endpoint: str = ""
     cluster_name: str = ""
     cluster_uid: str = ""
     operator_version: str = "dev"
@@ -109,13 +111,15 @@ class ProxySettings:
     log_level: str = "info"
 
     def __post_init__(self) -> None:
-        url = urlparse(self.upstream_endpoint)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(
-                f"invalid telemetry upstream endpoint {self.upstream_endpoint!r}: "
-                "expected an http:// or https:// URL such as "
-                f"{DEFAULT_UPSTREAM}"
-            )
+        for endpoint in filter(None, (self.upstream_endpoint, self.upstream_logs_endpoint)):
+            url = urlparse(endpoint)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(
+                    f"invalid telemetry upstream endpoint {endpoint!r}: expected an http:// "
+                    f"or https:// URL such as {DEFAULT_UPSTREAM}"
+                )
+        if not self.upstream_endpoint:
+            raise ValueError("invalid telemetry upstream endpoint '': it is required")
         if self.kube_auth not in ("serviceAccount", "kubeConfig"):
             raise ValueError(f"invalid kube_auth {self.kube_auth!r}")
 
@@ -135,7 +139,6 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
     monitored = [by_name[name] for name in sorted(by_name)]
 
     s = settings
-    endpoint = s.upstream_endpoint.rstrip("/")
     config: JSON = {
         "extensions": {
             "headers_setter": {
@@ -181,7 +184,7 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
         },
         "exporters": {
             "otlp_http/lumigo": {
-                "endpoint": endpoint,
+                **_endpoints(s),
                 "auth": {"authenticator": "headers_setter"},
             }
         },
@@ -219,8 +222,15 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
         },
     }
     if monitored:
-        _add_events_pipelines(config, monitored, s, endpoint)
+        _add_events_pipelines(config, monitored, s)
     return config
+
+
+def _endpoints(s: ProxySettings) -> JSON:
+    out: JSON = {"endpoint": s.upstream_endpoint.rstrip("/")}
+    if s.upstream_logs_endpoint:
+        out["logs_endpoint"] = s.upstream_logs_endpoint
+    return out
 
 
 def _operator_attributes(s: ProxySettings) -> list[JSON]:
@@ -238,7 +248,7 @@ def _operator_attributes(s: ProxySettings) -> list[JSON]:
 
 
 def _add_events_pipelines(
-    config: JSON, monitored: list[MonitoredNamespace], s: ProxySettings, endpoint: str
+    config: JSON, monitored: list[MonitoredNamespace], s: ProxySettings
 ) -> None:
     config["extensions"]["k8s_leader_elector"] = {
         "auth_type": s.kube_auth,
@@ -267,7 +277,7 @@ def _add_events_pipelines(
             "attributes": [a for a in ns_attributes if a["value"]]
         }
         config["exporters"][f"otlp_http/ns-{ns.name}"] = {
-            "endpoint": endpoint,
+            **_endpoints(s),
             "headers": {"Authorization": f"LumigoToken {ns.token}"},
         }
         config["service"]["pipelines"][f"logs/ns-{ns.name}"] = {

@@ -18,7 +18,11 @@ def test_rendered_config_passes_collector_validate(
 ) -> None:
     namespaces = [MonitoredNamespace(f"team-{i}", f"uid-{i}", f"t_{i:021x}") for i in range(count)]
     config = tmp_path / "config.yaml"
-    config.write_text(render(namespaces, ProxySettings(cluster_name=cluster_name)))
+    settings = ProxySettings(
+        cluster_name=cluster_name,
+        upstream_logs_endpoint="https://logs.example.com/v1/logs" if cluster_name else "",
+    )
+    config.write_text(render(namespaces, settings))
     result = subprocess.run(
         [str(COLLECTOR), "validate", f"--config={config}"],
         capture_output=True,

@@ -80,6 +80,17 @@ def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
     assert "k8s_leader_elector" in config["service"]["extensions"]
 
 
+def test_logs_can_go_to_their_own_endpoint() -> None:
+    logs = "https://logs.example.com/v1/logs"
+    settings = ProxySettings(upstream_logs_endpoint=logs)
+    exporters = build([ns("shop")], settings)["exporters"]
+    assert exporters["otlp_http/lumigo"]["logs_endpoint"] == logs
+    assert exporters["otlp_http/ns-shop"]["logs_endpoint"] == logs
+    assert (
+        "logs_endpoint" not in build([ns("shop")], ProxySettings())["exporters"]["otlp_http/lumigo"]
+    )
+
+
 def test_output_is_deterministic_whatever_the_input_order() -> None:
     settings = ProxySettings(cluster_name="prod", cluster_uid="abc")
     a = render([ns("b"), ns("a"), ns("c")], settings)
