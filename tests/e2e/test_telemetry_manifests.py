@@ -188,7 +188,8 @@ def test_operator_and_proxy_service_accounts_have_what_they_need(
             },
             monitored,
         )
-        assert send_traces(settings.otlp_port, export_request("rbac"), f"LumigoToken {token}")
+        rbac_span = export_request("rbac")
+        assert send_traces(settings.otlp_port, rbac_span, f"LumigoToken {token}") == 200
         wait_until(
             lambda: (
                 any(r.authorization == f"LumigoToken {token}" for r in sink.logs())

@@ -98,14 +98,19 @@ def test_spans_reach_upstream_enriched_with_their_own_authorization(
     settings = local_settings(sink.url, namespace, cluster_uid=cluster_uid)
     token_a, token_b = random_token(), random_token()
 
-    with running_collector(render([], settings), tmp_path, settings.health_port, cluster.env()):
-        assert send_traces(settings.otlp_port, export_request("GET /a"), f"LumigoToken {token_a}")
-        assert send_traces(settings.otlp_port, export_request("GET /b"), f"LumigoToken {token_b}")
-        wait_until(
-            lambda: {s.name for s in sink.spans()} >= {"GET /a", "GET /b"},
-            60,
-            "both spans at the upstream sink",
-        )
+    try:
+        with running_collector(render([], settings), tmp_path, settings.health_port, cluster.env()):
+            a, b = export_request("GET /a"), export_request("GET /b")
+            assert send_traces(settings.otlp_port, a, f"LumigoToken {token_a}") == 200
+            assert send_traces(settings.otlp_port, b, f"LumigoToken {token_b}") == 200
+            wait_until(
+                lambda: {s.name for s in sink.spans()} >= {"GET /a", "GET /b"},
+                60,
+                "both spans at the upstream sink",
+            )
+    finally:
+        # No other test's proxy may match this loopback pod.
+        kube.delete(PODS, objects["pod"]["metadata"]["name"], namespace)
 
     spans = {s.name: s for s in sink.spans()}
     # Tenancy per request: each batch keeps the Authorization it came with.
