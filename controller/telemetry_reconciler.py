@@ -169,13 +169,20 @@ class TelemetryProxyReconciler:
     def sync(self) -> bool:
         """Render from the cache and apply; True when the configuration changed."""
         namespaces = self.monitored_namespaces()
-        settings = self.settings
+        t = self.target
+        # The Lease lives next to the proxy, where its Role allows it.
+        settings = replace(
+            self.settings,
+            lease_namespace=t.namespace,
+            lease_name=f"{t.deployment_name}-k8s-objects",
+        )
         if not settings.cluster_uid:
             settings = replace(settings, cluster_uid=self._get_cluster_uid())
         text = render(namespaces, settings)
         digest = config_hash(text)
-        changed = self._apply_secret(text, digest)
-        rolled = self._roll(digest)
+        deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
+        changed = self._apply_secret(text, digest, deployment)
+        rolled = self._roll(deployment, digest)
         MONITORED.set(len(namespaces))
         SYNCS.labels("changed" if changed or rolled else "unchanged").inc()
         if changed or rolled:
@@ -252,38 +259,44 @@ class TelemetryProxyReconciler:
                 self._cluster_uid = ""
         return self._cluster_uid
 
-    def _apply_secret(self, text: str, digest: str) -> bool:
+    def _apply_secret(self, text: str, digest: str, deployment: JSON | None) -> bool:
+        """Create or update the Secret; owned by the proxy Deployment when it exists.
+
+        The owner reference lets the garbage collector delete the tokens together with the
+        proxy (uninstall), although the Secret is the operator's and not the installer's.
+        """
         t = self.target
         data = {CONFIG_KEY: base64.b64encode(text.encode()).decode()}
+        owners = [_owner_reference(deployment)] if deployment is not None else None
         current = self.client.get_or_none(SECRETS, t.secret_name, t.namespace)
         if current is None:
-            body: JSON = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "Opaque",
-                "metadata": {
-                    "name": t.secret_name,
-                    "namespace": t.namespace,
-                    "labels": dict(MANAGED_BY),
-                    "annotations": {CONFIG_HASH_ANNOTATION: digest},
-                },
-                "data": data,
+            meta: JSON = {
+                "name": t.secret_name,
+                "namespace": t.namespace,
+                "labels": dict(MANAGED_BY),
+                "annotations": {CONFIG_HASH_ANNOTATION: digest},
             }
-            self.client.create(SECRETS, body, t.namespace)
+            if owners:
+                meta["ownerReferences"] = owners
+            body: JSON = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta}
+            self.client.create(SECRETS, {**body, "data": data}, t.namespace)
             return True
-        if (current.get("data") or {}) == data:
-            return False
         meta = current.setdefault("metadata", {})
+        same_data = (current.get("data") or {}) == data
+        same_owner = owners is None or meta.get("ownerReferences") == owners
+        if same_data and same_owner:
+            return False
+        if owners:
+            meta["ownerReferences"] = owners
         meta.setdefault("annotations", {})[CONFIG_HASH_ANNOTATION] = digest
         current["data"] = data
         current.pop("stringData", None)
         self.client.replace(SECRETS, current, t.namespace)  # resourceVersion: optimistic lock
-        return True
+        return not same_data
 
-    def _roll(self, digest: str) -> bool:
+    def _roll(self, deployment: JSON | None, digest: str) -> bool:
         """Set the hash on the pod template when it differs: a rolling restart, once."""
         t = self.target
-        deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
         if deployment is None:
             if not self._deployment_missing:
                 log.warning(
@@ -302,6 +315,16 @@ class TelemetryProxyReconciler:
         }
         self.client.merge_patch(DEPLOYMENTS, t.deployment_name, patch, t.namespace)
         return True
+
+
+def _owner_reference(deployment: JSON) -> JSON:
+    meta = deployment.get("metadata") or {}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": meta.get("name", ""),
+        "uid": meta.get("uid", ""),
+    }
 
 
 def _age(obj: JSON) -> tuple[str, str]:

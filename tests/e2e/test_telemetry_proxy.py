@@ -55,7 +55,12 @@ def app_pod_on_loopback(kube: KubeClient, namespace: str) -> dict[str, JSON]:
     labels = {"app": "checkout"}
     template = {
         "metadata": {"labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+        # No scheduler claims it, so with the full control plane running (kwok) this pod is
+        # never bound and keeps the loopback address written below.
+        "spec": {
+            "schedulerName": "tests.lumigo.io/none",
+            "containers": [{"name": "app", "image": "python:3.12"}],
+        },
     }
     deployment = kube.create(
         DEPLOYMENTS,
@@ -72,7 +77,9 @@ def app_pod_on_loopback(kube: KubeClient, namespace: str) -> dict[str, JSON]:
     rs_body = {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
-        "metadata": {"name": "checkout-7c9d8", "namespace": namespace},
+        # Labelled like the pods: the deployment controller (full control plane) would otherwise
+        # release it from the Deployment.
+        "metadata": {"name": "checkout-7c9d8", "namespace": namespace, "labels": labels},
         "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
     }
     replicaset = kube.create(REPLICASETS, owned(rs_body, deployment), namespace)

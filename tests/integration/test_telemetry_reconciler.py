@@ -135,6 +135,8 @@ def test_config_lives_in_a_secret_and_rolls_the_proxy_only_on_change(
     assert f"LumigoToken {token}" in text
     first_hash = rollout_hash(kube, namespace)
     assert first_hash == config_hash(text)
+    owner = kube.get(SECRETS, PROXY_SECRET, namespace)["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["uid"]
     generation = kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["generation"]
 
     # The token is in no ConfigMap of the cluster and in no log line.
