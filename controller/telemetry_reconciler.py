@@ -37,6 +37,8 @@ JSON = dict[str, Any]
 
 CONFIG_HASH_ANNOTATION = "operator.lumigo.io/telemetry-config-hash"
 CONFIG_KEY = "config.yaml"
+# A Secret holds at most 1 MiB; keep room for metadata. About 1.5 KB per monitored namespace.
+MAX_CONFIG_BYTES = 1_000_000
 MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
 
 SYNCS = Counter(
@@ -66,6 +68,21 @@ class ProxyTarget:
 
 def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class ConfigTooLargeError(RuntimeError):
+    """The configuration cannot be stored: the proxy keeps running the previous one."""
+
+
+def check_size(text: str, namespaces: int) -> None:
+    size = len(text.encode())
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigTooLargeError(
+            f"the telemetry proxy configuration for {namespaces} monitored namespaces is "
+            f"{size} bytes, more than a Secret can hold ({MAX_CONFIG_BYTES}); the proxy keeps "
+            "its previous configuration. Disable spec.infrastructure.kubeEvents in some "
+            "namespaces' Lumigo resources."
+        )
 
 
 def _relevance(obj: JSON) -> tuple[Any, ...]:
@@ -179,6 +196,7 @@ class TelemetryProxyReconciler:
         if not settings.cluster_uid:
             settings = replace(settings, cluster_uid=self._get_cluster_uid())
         text = render(namespaces, settings)
+        check_size(text, len(namespaces))
         digest = config_hash(text)
         deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
         changed = self._apply_secret(text, digest, deployment)
