@@ -105,9 +105,13 @@ class ProxySettings:
     batch_timeout: str = "1s"
     # Bound on distinct Authorization values batched at once (one batcher each).
     max_tenants: int = 1000
+    # Spans/records held for retry while upstream is unreachable: bounded memory; beyond it
+    # the proxy refuses new data (the tracers drop it) instead of being OOM-killed.
+    queue_items: int = 100_000
     # Kubernetes events/objects: small batches, the volume is low and freshness matters.
     events_batch_size: int = 100
     events_batch_timeout: str = "1s"
+    events_queue_items: int = 20_000
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -186,6 +190,7 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
             "otlp_http/lumigo": {
                 **_endpoints(s),
                 "auth": {"authenticator": "headers_setter"},
+                "sending_queue": {"sizer": "items", "queue_size": s.queue_items},
             }
         },
         "service": {
@@ -279,6 +284,7 @@ def _add_events_pipelines(
         config["exporters"][f"otlp_http/ns-{ns.name}"] = {
             **_endpoints(s),
             "headers": {"Authorization": f"LumigoToken {ns.token}"},
+            "sending_queue": {"sizer": "items", "queue_size": s.events_queue_items},
         }
         config["service"]["pipelines"][f"logs/ns-{ns.name}"] = {
             "receivers": [f"k8s_objects/{ns.name}"],

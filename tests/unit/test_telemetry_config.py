@@ -52,6 +52,7 @@ def test_proxy_forwards_each_requests_authorization_and_batches_per_tenant() -> 
     assert exporter["endpoint"] == "http://sink.example:4318"
     assert exporter["auth"] == {"authenticator": "headers_setter"}
     assert "headers" not in exporter  # no token in the proxy part
+    assert exporter["sending_queue"]["sizer"] == "items"  # memory bounded in spans, not requests
     (header,) = config["extensions"]["headers_setter"]["headers"]
     assert header["key"] == "Authorization"
     assert header["from_context"] == "authorization"
