@@ -40,8 +40,16 @@ fmt: venv ## Format the code
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+.PHONY: system-deps
+system-deps: ## Install the Debian packages the injector needs (musl-tools, aarch64 gcc, valgrind) if missing
+	hack/install-system-deps
+
+.PHONY: payload
+payload: venv system-deps ## Build lumigo_injector.so (x86_64 + aarch64) and the tracer payload tree in build/payload (cached)
+	$(PY) injector/build-payload --out build/payload
+
 .PHONY: test
-test: venv tools lint ## Install what is missing, then run every test tier
+test: venv tools lint payload ## Install what is missing, then run every test tier
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 .PHONY: test-unit

@@ -94,7 +94,7 @@ class EventRecorder:
             self.dropped += 1
             log.warning("event queue full, dropping event", extra={"reason": reason})
 
-    # -- lifecycle ---------------------------------------------------------------------------------
+    # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
         self._thread.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -81,31 +82,50 @@ class Backoff:
         self._current = 0.0
 
 
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+
+
 def metadata_projection(extra: Callable[[JSON], JSON] | None = None) -> Transform:
     """A Transform keeping apiVersion, kind and the metadata fields controllers read.
 
     Caching projections instead of whole objects bounds the operator's memory: a Deployment is
-    several KB of JSON, its identity and labels a few hundred bytes.
+    tens of KB once parsed (managedFields, the pod template), its identity and labels a few
+    hundred bytes. Repeated strings (kinds, namespaces, label keys and values) are interned so
+    thousands of objects share one copy.
     """
+    intern = sys.intern
 
     def project(obj: JSON) -> JSON:
         meta = obj.get("metadata") or {}
-        kept = {
-            k: meta[k]
-            for k in (
-                "name",
-                "namespace",
-                "uid",
-                "resourceVersion",
-                "generation",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "labels",
-                "ownerReferences",
-            )
-            if k in meta
+        kept: JSON = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+        if "namespace" in kept:
+            kept["namespace"] = intern(kept["namespace"])
+        labels = meta.get("labels")
+        if labels:
+            kept["labels"] = {intern(k): intern(str(v)) for k, v in labels.items()}
+        owners = meta.get("ownerReferences")
+        if owners:
+            kept["ownerReferences"] = [
+                {
+                    "apiVersion": intern(str(o.get("apiVersion", ""))),
+                    "kind": intern(str(o.get("kind", ""))),
+                    "name": o.get("name", ""),
+                    "controller": bool(o.get("controller")),
+                }
+                for o in owners
+            ]
+        out: JSON = {
+            "apiVersion": intern(str(obj.get("apiVersion", ""))),
+            "kind": intern(str(obj.get("kind", ""))),
+            "metadata": kept,
         }
-        out: JSON = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "metadata": kept}
         if extra is not None:
             out.update(extra(obj))
         return out
@@ -223,13 +243,14 @@ class Informer:
         self._stop.wait(delay)
 
     def _list(self) -> None:
-        items, resource_version = self.client.list(
+        objs, resource_version = self.client.list(
             self.resource,
             self.namespace,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
+            limit=100 if self.transform else 500,
+            transform=self._prepare,
         )
-        objs = [self._prepare(o) for o in items]
         upserts, vanished = self.store.replace(objs)
         self._resource_version = resource_version
         self.relists += 1

@@ -24,9 +24,9 @@ from urllib.parse import urlparse
 import pykube
 import requests
 import tenacity
-from prometheus_client import Counter, Histogram
 
 from api.resources import ApiError, Resource
+from controller.metrics import REST_LATENCY, REST_REQUESTS
 
 log = logging.getLogger("lumigo.kube")
 
@@ -34,18 +34,6 @@ JSON = dict[str, Any]
 JSONList = list[JSON]  # an alias: `list` is shadowed by methods named list in classes
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RETRYABLE_CODES = frozenset({0, 429, 500, 502, 503, 504})
-
-REST_REQUESTS = Counter(
-    "rest_client_requests_total",
-    "Number of HTTP requests, partitioned by status code, method, and host.",
-    ["code", "method", "host"],
-)
-REST_LATENCY = Histogram(
-    "rest_client_request_duration_seconds",
-    "Request latency in seconds. Broken down by verb, and host.",
-    ["verb", "host"],
-    buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0),
-)
 
 
 class TokenFileAuth(requests.auth.AuthBase):
@@ -251,8 +239,13 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = 500,
+        transform: Callable[[JSON], JSON] | None = None,
     ) -> tuple[JSONList, str]:
-        """Every object (paginated); returns (items, list resourceVersion)."""
+        """Every object (paginated); returns (items, list resourceVersion).
+
+        `transform` is applied to each item as its page arrives, so a caller that keeps only a
+        projection never holds more than one page of full objects.
+        """
         items: JSONList = []
         params: dict[str, Any] = {"limit": limit}
         if label_selector:
@@ -269,10 +262,10 @@ class KubeClient:
                     continue
                 raise
             kind = resource.kind
-            for item in page.get("items") or []:
+            for item in page.pop("items", None) or []:
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", kind)
-                items.append(item)
+                items.append(transform(item) if transform else item)
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:

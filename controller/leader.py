@@ -20,21 +20,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Gauge
-
 from api.resources import LEASES, ApiError
 from controller.kube import KubeClient
+from controller.metrics import LEADER_STATUS
 
 log = logging.getLogger("lumigo.leader")
 
 JSON = dict[str, Any]
-
-LEADER_STATUS = Gauge(
-    "leader_election_master_status",
-    "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
-    "1 indicates master. 'name' is the string used to identify the lease.",
-    ["name"],
-)
 
 
 def default_identity() -> str:

@@ -19,14 +19,21 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from api.resources import ApiError, Resource
 from controller.health import CheckFailed, ProbeServer
 from controller.informer import FuncHandler, Informer, Transform
 from controller.kube import KubeClient
 from controller.leader import LeaderElector
 from controller.logs import log_context
+from controller.metrics import (
+    ACTIVE_WORKERS,
+    MAX_CONCURRENT,
+    RECONCILE_ERRORS,
+    RECONCILE_PANICS,
+    RECONCILE_TIME,
+    RECONCILE_TOTAL,
+    TERMINAL_ERRORS,
+)
 from controller.ratelimit import default_controller_rate_limiter
 from controller.store import ObjectKey, key_of
 from controller.workqueue import RateLimitingQueue
@@ -34,45 +41,6 @@ from controller.workqueue import RateLimitingQueue
 log = logging.getLogger("lumigo.manager")
 
 JSON = dict[str, Any]
-
-RECONCILE_TOTAL = Counter(
-    "controller_runtime_reconcile_total",
-    "Total number of reconciliations per controller",
-    ["controller", "result"],
-)
-RECONCILE_ERRORS = Counter(
-    "controller_runtime_reconcile_errors_total",
-    "Total number of reconciliation errors per controller",
-    ["controller"],
-)
-TERMINAL_ERRORS = Counter(
-    "controller_runtime_terminal_reconcile_errors_total",
-    "Total number of terminal reconciliation errors per controller",
-    ["controller"],
-)
-RECONCILE_PANICS = Counter(
-    "controller_runtime_reconcile_panics_total",
-    "Total number of reconciliation panics per controller",
-    ["controller"],
-)
-RECONCILE_TIME = Histogram(
-    "controller_runtime_reconcile_time_seconds",
-    "Length of time per reconciliation per controller",
-    ["controller"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6,
-             0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9,
-             10, 15, 20, 25, 30, 40, 50, 60),
-)  # fmt: skip
-MAX_CONCURRENT = Gauge(
-    "controller_runtime_max_concurrent_reconciles",
-    "Maximum number of concurrent reconciles per controller",
-    ["controller"],
-)
-ACTIVE_WORKERS = Gauge(
-    "controller_runtime_active_workers",
-    "Number of currently used workers per controller",
-    ["controller"],
-)
 
 
 @dataclass(frozen=True)
@@ -107,12 +75,12 @@ class Controller:
         reconcile: Reconcile,
         *,
         workers: int = 1,
-        queue: RateLimitingQueue | None = None,
+        queue: RateLimitingQueue[ObjectKey] | None = None,
     ) -> None:
         self.name = name
         self.reconcile = reconcile
         self.workers = workers
-        self.queue = queue or RateLimitingQueue(
+        self.queue = queue or RateLimitingQueue[ObjectKey](
             name=name, rate_limiter=default_controller_rate_limiter()
         )
         self._watches: list[_Watch] = []

@@ -7,6 +7,7 @@ Tiers are markers derived from the directory (tests/unit, tests/integration, tes
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -83,3 +84,16 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def injector_payload() -> Path:
+    """The injector payload tree (what the init container copies to /opt/lumigo).
+
+    `make test` builds it first (`make payload`); building here again is a cached no-op.
+    """
+    out = ROOT / "build" / "payload"
+    subprocess.run(
+        [sys.executable, str(ROOT / "injector" / "build-payload"), "--out", str(out)], check=True
+    )
+    return out

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Start-up cost of the injector, measured on this machine.
+
+1. A non-target process: /bin/true with vs without LD_PRELOAD=lumigo_injector.so (the injector's
+   own cost on every process of an injected container). Runs interleave A/B so that machine noise
+   hits both sides alike; reported as median and mean per run and the difference.
+2. The Python (Flask, CPython 3.11) and Node.js test apps: time from spawn to the first served
+   HTTP response, untraced vs traced (this is the cost of loading the Lumigo distros).
+
+Usage: .venv/bin/python bench/injector_startup.py [--runs 2000] [--app-runs 5]
+Writes bench/results/injector_startup.json. Needs `make payload`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.injector_helpers import (  # noqa: E402
+    PROGRAMS,
+    OtlpReceiver,
+    base_env,
+    flask_python,
+    python_interpreters,
+    running_app,
+    webhook_env,
+)
+
+PAYLOAD = ROOT / "build" / "payload"
+RESULTS = ROOT / "bench" / "results" / "injector_startup.json"
+
+
+def spawn_once(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter_ns()
+    pid = os.posix_spawn(argv[0], argv, env)
+    _, status = os.waitpid(pid, 0)
+    elapsed = time.perf_counter_ns() - started
+    if status != 0:
+        raise SystemExit(f"{argv} exited with status {status}")
+    return elapsed / 1e6  # ms
+
+
+def non_target(runs: int, home: Path) -> dict[str, float]:
+    env_without = {**base_env(home), "LUMIGO_TRACER_TOKEN": "t_0123456789abcdef01234"}
+    env_with = {**env_without, "LD_PRELOAD": str(PAYLOAD / "injector" / "lumigo_injector.so")}
+    argv = ["/bin/true"]
+    for _ in range(50):  # warm the page cache and the dynamic loader's caches
+        spawn_once(argv, env_without)
+        spawn_once(argv, env_with)
+    without: list[float] = []
+    with_injector: list[float] = []
+    for i in range(runs):
+        if i % 2:
+            without.append(spawn_once(argv, env_without))
+            with_injector.append(spawn_once(argv, env_with))
+        else:
+            with_injector.append(spawn_once(argv, env_with))
+            without.append(spawn_once(argv, env_without))
+    med_without, med_with = statistics.median(without), statistics.median(with_injector)
+    return {
+        "runs": runs,
+        "median_ms_without": round(med_without, 4),
+        "median_ms_with": round(med_with, 4),
+        "mean_ms_without": round(statistics.fmean(without), 4),
+        "mean_ms_with": round(statistics.fmean(with_injector), 4),
+        "median_overhead_ms": round(med_with - med_without, 4),
+        "median_overhead_percent": round(100 * (med_with - med_without) / med_without, 2),
+    }
+
+
+def first_response_ms(args: list[str], env: dict[str, str], home: Path) -> float:
+    started = time.perf_counter()
+    with running_app(args, env, home) as app:
+        with urllib.request.urlopen(f"http://127.0.0.1:{app.port}/hello", timeout=60) as r:
+            r.read()
+        return (time.perf_counter() - started) * 1000
+
+
+def apps(runs: int, home: Path) -> dict[str, dict[str, float]]:
+    python = str(flask_python(python_interpreters()["3.11"]))
+    cases = {
+        "python-flask-3.11": [python, str(PROGRAMS / "flask_app.py")],
+        "node-http": ["node", str(PROGRAMS / "http_app.js")],
+    }
+    results = {}
+    with OtlpReceiver() as receiver:
+        traced_env = {**base_env(home), **webhook_env(PAYLOAD, receiver.endpoint, "bench")}
+        plain_env = {k: v for k, v in traced_env.items() if k != "LD_PRELOAD"}
+        for name, args in cases.items():
+            first_response_ms(args, traced_env, home)  # warm caches (.pyc of the app, disk)
+            plain = [first_response_ms(args, plain_env, home) for _ in range(runs)]
+            traced = [first_response_ms(args, traced_env, home) for _ in range(runs)]
+            med_plain, med_traced = statistics.median(plain), statistics.median(traced)
+            results[name] = {
+                "runs": runs,
+                "median_ms_untraced": round(med_plain, 1),
+                "median_ms_traced": round(med_traced, 1),
+                "median_overhead_ms": round(med_traced - med_plain, 1),
+            }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--app-runs", type=int, default=5)
+    args = parser.parse_args()
+    if not (PAYLOAD / "injector" / "lumigo_injector.so").exists():
+        raise SystemExit("run `make payload` first")
+    home = Path(os.environ.get("TMPDIR", "/tmp")) / f"lumigo-bench-{os.getpid()}"
+    home.mkdir(parents=True, exist_ok=True)
+
+    result = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "non_target_bin_true": non_target(args.runs, home),
+        "apps_first_response": apps(args.app_runs, home),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    print(f"written to {RESULTS.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

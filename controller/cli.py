@@ -1,0 +1,89 @@
+"""The `lumigo-operator` command: `run`, `uninstall`, `version`.
+
+Errors exit non-zero with one line that says what went wrong (no stack trace for expected
+failures such as an unreachable API server or a missing kubeconfig).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from api import __version__
+from api.resources import ApiError
+from controller.options import add_run_flags, parse_duration, run_options
+
+log = logging.getLogger("lumigo.cli")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lumigo-operator",
+        description="Lumigo Kubernetes operator: trace every Python and Node.js workload of a "
+        "namespace with one Lumigo resource.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the manager (controller, webhooks, probes, metrics)")
+    add_run_flags(run)
+    uninstall = sub.add_parser(
+        "uninstall",
+        help="delete every Lumigo resource and remove all instrumentation (Helm pre-delete hook)",
+    )
+    uninstall.add_argument("--kubeconfig", default=None)
+    uninstall.add_argument("--timeout", type=parse_duration, default=120.0,
+                           help="how long to wait for finalizers (default 120s)")  # fmt: skip
+    uninstall.add_argument("--log-level", default="info")
+    uninstall.add_argument("--operator-version", default=__version__)
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        print(f"lumigo-operator {__version__}")
+        return 0
+    from controller.logs import setup_logging  # noqa: PLC0415 - only for commands that log
+
+    setup_logging(args.log_level)
+    try:
+        if args.command == "run":
+            from controller.operator import run  # noqa: PLC0415 - heavy imports only for run
+
+            return run(run_options(args))
+        return _uninstall(args)
+    except ApiError as err:
+        print(f"lumigo-operator {args.command}: Kubernetes API error: {err}", file=sys.stderr)
+    except (OSError, ValueError, TimeoutError) as err:
+        print(f"lumigo-operator {args.command}: {err}", file=sys.stderr)
+    return 1
+
+
+def _uninstall(args: argparse.Namespace) -> int:
+    from controller.events import EventRecorder  # noqa: PLC0415
+    from controller.instrumentation import UNINSTALL_COMPONENT, Instrumenter  # noqa: PLC0415
+    from controller.kube import KubeClient  # noqa: PLC0415
+    from controller.uninstall import uninstall  # noqa: PLC0415
+
+    client = KubeClient.from_env(args.kubeconfig)
+    recorder = EventRecorder(client)
+    recorder.start()
+    try:
+        instrumenter = Instrumenter(client, recorder, component=UNINSTALL_COMPONENT)
+        report = uninstall(client, instrumenter, args.timeout)
+    finally:
+        recorder.stop()
+    print(
+        f"lumigo-operator uninstall: deleted {report.deleted_lumigoes} Lumigo resource(s), "
+        f"finalized {report.finalized_here} here, removed instrumentation from "
+        f"{report.uninstrumented} workload(s)"
+    )
+    for failure in report.failures:
+        print(f"  failed: {failure}", file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""Instrument and un-instrument existing workloads: conflict-safe writes, events, concurrency.
+
+The pod-template change itself is the webhook's pure mutation (one definition of "injected");
+this module only applies it to stored objects: GET the latest version, mutate, PUT with its
+resourceVersion, and on a 409 start again from a fresh GET, so a change a user makes at the same
+moment is never overwritten. A bounded thread pool keeps a namespace with hundreds of workloads
+from either taking forever or flooding the API server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from api import constants
+from api.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
+from controller.kube import KubeClient
+from webhook import mutation
+
+log = logging.getLogger("lumigo.instrumentation")
+
+JSON = dict[str, Any]
+JOB_IMMUTABLE = "the PodSpec of batchv1.Job resources is immutable once the job has been created"
+
+
+class Recorder(Protocol):
+    def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """One workload to act on (a cached projection is enough: we GET before writing)."""
+
+    resource: Resource
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, obj: JSON) -> Target:
+        meta = obj.get("metadata") or {}
+        return cls(WORKLOADS_BY_KIND[obj["kind"]], meta.get("namespace", ""), meta["name"])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    target: Target
+    changed: bool
+    error: str | None = None
+
+
+def controller_trigger(namespace: str, name: str) -> str:
+    return f"controller, acting on behalf of the '{namespace}/{name}' Lumigo resource"
+
+
+UNINSTALL_TRIGGER = "controller, uninstall hook for standalone resources"
+UNINSTALL_COMPONENT = "Lumigo Operator uninstall hook"
+
+
+def controller_component(version: str) -> str:
+    return f"{constants.AUTO_TRACE_VERSION_PREFIX}{version}/controller"
+
+
+def is_opted_out(obj: JSON) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(constants.LABEL_AUTO_TRACE, "")).lower() == constants.AUTO_TRACE_FALSE
+
+
+def is_labelled_instrumented(obj: JSON) -> bool:
+    """Carries the auto-trace label with any value but `false` (the reference's selector)."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return constants.LABEL_AUTO_TRACE in labels and not is_opted_out(obj)
+
+
+class Instrumenter:
+    def __init__(
+        self,
+        client: KubeClient,
+        recorder: Recorder,
+        *,
+        component: str,
+        concurrency: int = 8,
+    ) -> None:
+        self.client = client
+        self.recorder = recorder
+        self.component = component
+        self.concurrency = concurrency
+
+    # -- one object ----------------------------------------------------------------------------
+    def instrument(
+        self, target: Target, settings: mutation.InjectionSettings, trigger: str
+    ) -> Outcome:
+        if target.resource is JOBS:
+            return self._job_is_immutable(target, constants.REASON_CANNOT_ADD, "add", trigger)
+
+        def change(obj: JSON) -> JSON | None:
+            if is_opted_out(obj) or constants.LABEL_AUTO_TRACE in _labels(obj):
+                return None  # labelled meanwhile (webhook, user opt-out): nothing to do
+            mutated = mutation.inject(obj, settings)
+            return None if mutated == obj else mutated
+
+        return self._write(
+            target, change, trigger,
+            ok=(constants.REASON_ADDED, "Adding"),
+            failed=(constants.REASON_CANNOT_ADD, "Cannot add"),
+        )  # fmt: skip
+
+    def uninstrument(self, target: Target, trigger: str, component: str | None = None) -> Outcome:
+        if target.resource is JOBS:
+            return self._job_is_immutable(
+                target, constants.REASON_CANNOT_REMOVE, "remove", trigger, component
+            )
+
+        def change(obj: JSON) -> JSON | None:
+            if not is_labelled_instrumented(obj):
+                return None
+            cleaned = mutation.remove(obj)
+            if cleaned == obj:
+                return None
+            # Tell the webhook not to inject again on this very update (the reference handshake).
+            labels = cleaned.setdefault("metadata", {}).setdefault("labels", {})
+            labels[constants.LABEL_AUTO_TRACE] = constants.AUTO_TRACE_SKIP_NEXT_INJECTOR
+            return cleaned
+
+        outcome = self._write(
+            target, change, trigger,
+            ok=(constants.REASON_REMOVED, "Removing"),
+            failed=(constants.REASON_CANNOT_REMOVE, "Cannot remove"),
+            component=component,
+        )  # fmt: skip
+        if outcome.changed and outcome.error is None:
+            self._drop_leftover_skip_label(target)
+        return outcome
+
+    def _drop_leftover_skip_label(self, target: Target) -> None:
+        """Without a running webhook (failurePolicy Ignore) the handshake label stays: drop it,
+        or later "inject existing" passes (which select unlabelled objects) would skip it."""
+        try:
+            obj = self.client.get(target.resource, target.name, target.namespace)
+        except ApiError:
+            return
+        if _labels(obj).get(constants.LABEL_AUTO_TRACE) != constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
+            return
+        patch = {"metadata": {"labels": {constants.LABEL_AUTO_TRACE: None},
+                              "resourceVersion": obj["metadata"]["resourceVersion"]}}  # fmt: skip
+        try:
+            self.client.merge_patch(target.resource, target.name, patch, target.namespace)
+        except ApiError as err:
+            log.info("could not drop the handshake label", extra={"error": str(err)})
+
+    # -- many objects --------------------------------------------------------------------------
+    def instrument_all(
+        self, targets: Iterable[Target], settings: mutation.InjectionSettings, trigger: str
+    ) -> list[Outcome]:
+        return self._map(lambda t: self.instrument(t, settings, trigger), targets)
+
+    def uninstrument_all(
+        self, targets: Iterable[Target], trigger: str, component: str | None = None
+    ) -> list[Outcome]:
+        return self._map(lambda t: self.uninstrument(t, trigger, component), targets)
+
+    def _map(self, fn: Callable[[Target], Outcome], targets: Iterable[Target]) -> list[Outcome]:
+        items = list(targets)
+        if len(items) <= 1:
+            return [fn(t) for t in items]
+        with ThreadPoolExecutor(min(self.concurrency, len(items)), "instrument") as pool:
+            return list(pool.map(fn, items))
+
+    # -- internals -----------------------------------------------------------------------------
+    def _write(
+        self,
+        target: Target,
+        change: Callable[[JSON], JSON | None],
+        trigger: str,
+        *,
+        ok: tuple[str, str],
+        failed: tuple[str, str],
+        component: str | None = None,
+    ) -> Outcome:
+        component = component or self.component
+        try:
+            result = self.client.update_with_retry(
+                target.resource, target.name, target.namespace, change
+            )
+        except ApiError as err:
+            if err.not_found:
+                return Outcome(target, False)  # deleted meanwhile: nothing to instrument
+            message = f"{failed[1]} Lumigo instrumentation (trigger: {trigger}): {err.message}"
+            self._event_on(target, "Warning", failed[0], message, component)
+            return Outcome(target, False, err.message)
+        if result is None:
+            return Outcome(target, False)
+        message = f"{ok[1]} Lumigo instrumentation (trigger: {trigger})"
+        self.recorder.event(result, "Normal", ok[0], message, component)
+        return Outcome(target, True)
+
+    def _job_is_immutable(
+        self, target: Target, reason: str, verb: str, trigger: str, component: str | None = None
+    ) -> Outcome:
+        message = f"Cannot {verb} Lumigo instrumentation (trigger: {trigger}): {JOB_IMMUTABLE}"
+        self._event_on(target, "Warning", reason, message, component or self.component)
+        return Outcome(target, False)
+
+    def _event_on(
+        self, target: Target, type_: str, reason: str, message: str, component: str
+    ) -> None:
+        try:
+            obj = self.client.get(target.resource, target.name, target.namespace)
+        except ApiError:
+            return
+        self.recorder.event(obj, type_, reason, message, component)
+
+
+def _labels(obj: JSON) -> dict[str, str]:
+    labels: dict[str, str] = (obj.get("metadata") or {}).get("labels") or {}
+    return labels

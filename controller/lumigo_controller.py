@@ -1,0 +1,277 @@
+"""The Lumigo reconciler: finalizer, secret validation, instrumentation, status.
+
+Level-triggered: every reconcile computes what should be true of the namespace from the cache and
+the API server, and makes it so — so a crash at any point is repaired by the next reconcile.
+
+- One Lumigo per namespace takes effect: the oldest (creationTimestamp, then name); the others
+  get the reference's Error condition.
+- Instrumentation: every workload without a `lumigo.auto-trace` label in an active namespace is
+  instrumented by the controller if `injectLumigoIntoExistingResourcesOnCreation` is set, or if it
+  was created after the Lumigo resource (the webhook should have done it, but it was down: its
+  failurePolicy is Ignore). Deployment-owned ReplicaSets follow their Deployment; Jobs cannot be
+  changed and get an event instead, once, on first activation.
+- Deletion: with the finalizer in place, instrumentation is removed (if the spec says so) before
+  the finalizer is dropped, with a resourceVersion precondition so that only ours goes.
+- Token Secrets are read with a GET on every reconcile and re-checked every `resync_period`
+  (every `error_requeue` while in error): no list/watch of Secrets cluster-wide is needed, so the
+  operator's RBAC holds `get` on Secrets only.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from api import constants
+from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
+from api.resources import LUMIGOES, SECRETS, WORKLOADS, ApiError, Resource
+from controller import lumigo_status as st
+from controller.informer import Informer
+from controller.instrumentation import (
+    Instrumenter,
+    Recorder,
+    Target,
+    controller_trigger,
+    is_labelled_instrumented,
+)
+from controller.kube import KubeClient
+from controller.manager import Result
+from controller.store import ObjectKey
+from webhook import mutation
+
+log = logging.getLogger("lumigo.controller")
+
+JSON = dict[str, Any]
+SettingsFactory = Callable[[LumigoSpec], mutation.InjectionSettings]
+
+
+class InstrumentationIncomplete(Exception):
+    """Some workloads could not be (un)instrumented: retry with backoff."""
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def creation_order(obj: JSON) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))
+
+
+def is_deployment_owned(obj: JSON) -> bool:
+    return obj.get("kind") == "ReplicaSet" and any(
+        ref.get("kind") == "Deployment" and str(ref.get("apiVersion", "")).startswith("apps/")
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+    )
+
+
+@dataclass
+class LumigoReconciler:
+    client: KubeClient
+    lumigoes: Informer
+    workloads: dict[str, Informer]  # by kind; caches keep metadata projections only
+    instrumenter: Instrumenter
+    recorder: Recorder
+    settings_for: SettingsFactory
+    operator_version: str
+    resync_period: float = 30.0
+    error_requeue: float = 5.0
+
+    # -- entry point ---------------------------------------------------------------------------
+    def reconcile(self, key: ObjectKey) -> Result:
+        lumigo = self.lumigoes.get(key.namespace, key.name)
+        if lumigo is None:
+            return Result()  # gone: its finalizer already did the cleanup
+        lumigo = copy.deepcopy(lumigo)
+        if (lumigo.get("metadata") or {}).get("deletionTimestamp"):
+            self._finalize(lumigo)
+            return Result()
+        lumigo = self._ensure_finalizer(lumigo)
+        problem, reason, spec = self._problem(lumigo)
+        if problem is not None:
+            self._write_status(lumigo, st.active_updates(problem, reason), [])
+            return Result(requeue_after=self.error_requeue)
+        assert spec is not None
+        first_activation = not st.was_ever_activated(lumigo)
+        self._instrument_namespace(lumigo, spec, first_activation)
+        self._write_status(lumigo, st.active_updates(None, ""), self._instrumented(key.namespace))
+        return Result(requeue_after=self.resync_period)
+
+    # -- validation ----------------------------------------------------------------------------
+    def _problem(self, lumigo: JSON) -> tuple[str | None, str, LumigoSpec | None]:
+        namespace = lumigo["metadata"]["namespace"]
+        oldest = self.effective_lumigo(namespace)
+        if oldest is not None and oldest["metadata"]["name"] != lumigo["metadata"]["name"]:
+            return st.OTHER_INSTANCES, st.REASON_DUPLICATE, None
+        raw_spec = lumigo.get("spec")
+        if not raw_spec:
+            return st.EMPTY_SPEC, st.REASON_INVALID_SPEC, None
+        try:
+            spec = load_spec(raw_spec)
+        except InvalidSpecError as err:
+            return str(err), st.REASON_INVALID_SPEC, None
+        ref = spec.lumigo_token.secret_ref
+        secret = None
+        if ref.name and ref.key:
+            try:
+                secret = self.client.get_or_none(SECRETS, ref.name, namespace)
+            except ApiError as err:
+                log.warning("cannot read the token secret", extra={"error": str(err)})
+        problem = st.token_secret_problem(namespace, ref, secret)
+        if problem is not None:
+            return problem, st.REASON_INVALID_SECRET, None
+        return None, "", spec
+
+    def effective_lumigo(self, namespace: str) -> JSON | None:
+        """The namespace's Lumigo that takes effect: the oldest one."""
+        candidates = self.lumigoes.store.list(namespace)
+        return min(candidates, key=creation_order) if candidates else None
+
+    # -- instrumentation -----------------------------------------------------------------------
+    def _instrument_namespace(self, lumigo: JSON, spec: LumigoSpec, first_activation: bool) -> None:
+        injection = spec.tracing.injection
+        if not injection.enabled:
+            return
+        namespace, name = lumigo["metadata"]["namespace"], lumigo["metadata"]["name"]
+        created = str(lumigo["metadata"].get("creationTimestamp", ""))
+        inject_existing = injection.inject_lumigo_into_existing_resources_on_creation
+        targets: list[Target] = []
+        jobs: list[Target] = []
+        for kind, informer in self.workloads.items():
+            for obj in informer.store.by_label(constants.LABEL_AUTO_TRACE, None, namespace):
+                if is_deployment_owned(obj) or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                    continue
+                newer = str(obj["metadata"].get("creationTimestamp", "")) >= created
+                if not (inject_existing or newer):
+                    continue
+                if kind == "Job":
+                    if first_activation and inject_existing:
+                        jobs.append(Target.of(obj))
+                    continue
+                targets.append(Target.of(obj))
+        if not targets and not jobs:
+            return
+        trigger = controller_trigger(namespace, name)
+        settings = self.settings_for(spec)
+        outcomes = self.instrumenter.instrument_all(sorted(targets, key=_target_order), settings,
+                                                    trigger)  # fmt: skip
+        for job in jobs:
+            self.instrumenter.instrument(job, settings, trigger)  # records the immutability event
+        failed = [o for o in outcomes if o.error]
+        if failed:
+            raise InstrumentationIncomplete(
+                f"could not instrument {len(failed)} of {len(outcomes)} workloads; first: "
+                f"{failed[0].target.resource.kind} {failed[0].target.name}: {failed[0].error}"
+            )
+
+    def _instrumented(self, namespace: str) -> list[JSON]:
+        refs = []
+        for informer in self.workloads.values():
+            for obj in informer.store.list(namespace, is_labelled_instrumented):
+                refs.append(st.instrumented_reference(obj))
+        return st.sort_instrumented(refs)
+
+    # -- deletion ------------------------------------------------------------------------------
+    def _finalize(self, lumigo: JSON) -> None:
+        meta = lumigo["metadata"]
+        if constants.FINALIZER not in (meta.get("finalizers") or []):
+            return
+        if st.is_active(lumigo) and self._removal_wanted(lumigo):
+            namespace, name = meta["namespace"], meta["name"]
+            targets = [
+                Target.of(obj)
+                for informer in self.workloads.values()
+                for obj in informer.store.list(namespace, is_labelled_instrumented)
+                if not is_deployment_owned(obj)
+            ]
+            outcomes = self.instrumenter.uninstrument_all(
+                sorted(targets, key=_target_order), controller_trigger(namespace, name)
+            )
+            failed = [o for o in outcomes if o.error]
+            if failed:
+                raise InstrumentationIncomplete(
+                    f"could not remove instrumentation from {len(failed)} workloads; first: "
+                    f"{failed[0].target.name}: {failed[0].error}"
+                )
+        self._remove_finalizer(lumigo)
+
+    def _removal_wanted(self, lumigo: JSON) -> bool:
+        try:
+            spec = load_spec(lumigo.get("spec"))
+        except InvalidSpecError:
+            return False
+        injection = spec.tracing.injection
+        return injection.enabled and injection.remove_lumigo_from_resources_on_deletion
+
+    def _ensure_finalizer(self, lumigo: JSON) -> JSON:
+        meta = lumigo["metadata"]
+        finalizers = list(meta.get("finalizers") or [])
+        if constants.FINALIZER in finalizers:
+            return lumigo
+        patch = {
+            "metadata": {
+                "finalizers": [*finalizers, constants.FINALIZER],
+                "resourceVersion": meta["resourceVersion"],  # 409 if the cache was stale
+            }
+        }
+        return self.client.merge_patch(LUMIGOES, meta["name"], patch, meta["namespace"])
+
+    def _remove_finalizer(self, lumigo: JSON) -> None:
+        meta = lumigo["metadata"]
+        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
+        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        try:
+            self.client.merge_patch(LUMIGOES, meta["name"], patch, meta["namespace"])
+        except ApiError as err:
+            if not err.not_found:
+                raise
+
+    # -- status --------------------------------------------------------------------------------
+    def _write_status(
+        self, lumigo: JSON, updates: list[st.ConditionUpdate], instrumented: list[JSON]
+    ) -> None:
+        meta = lumigo["metadata"]
+        generation = int(meta.get("generation") or 0)
+
+        def desired(current: JSON) -> JSON | None:
+            status = current.get("status") or {}
+            conditions = st.apply_conditions(
+                status.get("conditions") or [], updates, generation, _now()
+            )
+            new_status = {"conditions": conditions, "instrumentedResources": instrumented}
+            if (
+                new_status
+                == {
+                    "conditions": status.get("conditions") or [],
+                    "instrumentedResources": status.get("instrumentedResources") or [],
+                }
+                and "instrumentedResources" in status
+            ):
+                return None  # unchanged: no write
+            current["status"] = new_status
+            return current
+
+        cached = copy.deepcopy(lumigo)
+        fresh = desired(cached)
+        if fresh is None:
+            return
+        try:
+            self.client.replace(LUMIGOES, fresh, meta["namespace"], subresource="status")
+        except ApiError as err:
+            if not err.conflict:
+                raise
+            self.client.update_with_retry(
+                LUMIGOES, meta["name"], meta["namespace"], desired, subresource="status"
+            )
+
+
+def _target_order(target: Target) -> tuple[int, str]:
+    return (constants.KIND_ORDER.get(target.resource.kind, 99), target.name)
+
+
+def workload_resources() -> dict[str, Resource]:
+    return {r.kind: r for r in WORKLOADS}

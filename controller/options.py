@@ -1,0 +1,127 @@
+"""Command-line flags of `lumigo-operator run`, each with its environment-variable fallback.
+
+The names match the manifests in config/, the Helm chart and the OLM bundle; the env vars in
+brackets in `--help` are the reference operator's where one existed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from api import __version__, constants
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """'90s' -> 90.0, '2m' -> 120.0, '365d', '1.5h', '250ms'; a bare number means seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number with an optional unit ms, s, m, h or d"
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def default_namespace() -> str:
+    if ns := os.environ.get("POD_NAMESPACE"):
+        return ns
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except OSError:
+        return "lumigo-system"
+
+
+@dataclass
+class RunOptions:
+    namespace: str = "lumigo-system"
+    kubeconfig: str | None = None
+    metrics_bind_address: str = ":8080"
+    health_probe_bind_address: str = ":8081"
+    webhook_host: str = "0.0.0.0"  # noqa: S104 - the API server reaches us through a Service
+    webhook_port: int = 9443
+    cert_mode: str = "self"
+    cert_dir: Path = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - OLM's path
+    cert_secret: str = "lumigo-lumigo-operator-lumigo-injector-webhook-certs"
+    webhook_service: str = "lumigo-lumigo-operator-webhooks-service"
+    webhook_configurations: list[str] = field(default_factory=list)
+    ca_validity: float = 10 * 365 * 86400.0
+    cert_validity: float = 365 * 86400.0
+    ca_lookahead: float = 90 * 86400.0
+    cert_lookahead: float = 30 * 86400.0
+    cert_check_interval: float = 3600.0
+    injector_image: str = constants.DEFAULT_INJECTOR_IMAGE
+    telemetry_proxy_endpoint: str = constants.DEFAULT_TELEMETRY_PROXY_SERVICE
+    leader_elect: bool = True
+    leader_election_id: str = constants.LEADER_ELECTION_ID
+    log_level: str = "info"
+    operator_version: str = __version__
+    resync_period: float = 30.0
+    error_requeue: float = 5.0
+    inject_concurrency: int = 8
+    workers: int = 4
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    d = RunOptions()
+    a = parser.add_argument
+    a("--namespace", default=default_namespace(), help="the operator's namespace [POD_NAMESPACE]")
+    a("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="[KUBECONFIG]")
+    a("--metrics-bind-address", default=d.metrics_bind_address, help="/metrics; '0' disables")
+    a("--health-probe-bind-address", default=d.health_probe_bind_address)
+    a("--webhook-host", default=d.webhook_host)
+    a("--webhook-port", type=int, default=int(_env("WEBHOOK_PORT", str(d.webhook_port))))
+    a(
+        "--cert-mode",
+        choices=["self", "files"],
+        default=_env("LUMIGO_CERT_MODE", d.cert_mode),
+        help="self: keep CA + serving cert in a Secret and own the caBundle (Helm, kubectl); "
+        "files: serve --cert-dir, written by someone else (OLM) [LUMIGO_CERT_MODE]",
+    )
+    a("--cert-dir", type=Path, default=d.cert_dir)
+    a("--cert-secret", default=d.cert_secret)
+    a("--webhook-service", default=d.webhook_service)
+    a(
+        "--webhook-configurations",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=[],
+        help="comma-separated MutatingWebhookConfiguration names whose caBundle we own",
+    )
+    a("--ca-validity", type=parse_duration, default=d.ca_validity)
+    a("--cert-validity", type=parse_duration, default=d.cert_validity)
+    a("--ca-lookahead", type=parse_duration, default=d.ca_lookahead)
+    a("--cert-lookahead", type=parse_duration, default=d.cert_lookahead)
+    a("--cert-check-interval", type=parse_duration, default=d.cert_check_interval)
+    a("--injector-image", default=_env("LUMIGO_INJECTOR_IMAGE", d.injector_image))
+    a(
+        "--telemetry-proxy-endpoint",
+        default=_env("TELEMETRY_PROXY_OTLP_SERVICE", d.telemetry_proxy_endpoint),
+        help="base URL of the telemetry proxy Service [TELEMETRY_PROXY_OTLP_SERVICE]",
+    )
+    a(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_LEADER_ELECT", "true").lower() == "true",
+    )
+    a("--leader-election-id", default=d.leader_election_id)
+    a("--log-level", default=_env("LUMIGO_LOG_LEVEL", d.log_level), choices=["debug", "info",
+      "warning", "error"])  # fmt: skip
+    a("--operator-version", default=_env("LUMIGO_OPERATOR_VERSION", d.operator_version))
+    a("--resync-period", type=parse_duration, default=d.resync_period)
+    a("--inject-concurrency", type=int, default=d.inject_concurrency)
+    a("--workers", type=int, default=d.workers, help="Lumigo reconcile workers")
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    fields = RunOptions.__dataclass_fields__
+    return RunOptions(**{k: v for k, v in vars(args).items() if k in fields})

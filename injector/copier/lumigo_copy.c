@@ -1,0 +1,116 @@
+/*
+ * lumigo-copy: the autotrace image's entrypoint. Copies the payload tree (default /payload) into
+ * $TARGET_DIRECTORY (the emptyDir the app containers mount read-only at /opt/lumigo).
+ *
+ * Why a program and not `cp -a`: the final image is FROM scratch (no shell, no coreutils), so this
+ * is linked statically (musl-gcc -static). It copies regular files (keeping the permission bits,
+ * minus set-id bits), directories and symbolic links; it overwrites what a previous run of the same
+ * init container left behind, and it exits non-zero with a message naming the path on any error.
+ *
+ * Usage: lumigo-copy [SOURCE]     (TARGET_DIRECTORY must be set)
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static unsigned long files_copied, bytes_copied;
+
+static int fail(const char *what, const char *path) {
+    fprintf(stderr, "lumigo-copy: %s %s: %s\n", what, path, strerror(errno));
+    return -1;
+}
+
+static int copy_file(const char *src, const char *dst, mode_t mode) {
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0) return fail("cannot open", src);
+    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0777);
+    if (out < 0) {
+        close(in);
+        return fail("cannot create", dst);
+    }
+    char buf[1 << 16];
+    ssize_t n;
+    int rc = 0;
+    while ((n = read(in, buf, sizeof buf)) != 0) {
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            rc = fail("cannot read", src);
+            break;
+        }
+        for (ssize_t done = 0; done < n;) {
+            ssize_t w = write(out, buf + done, (size_t)(n - done));
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                rc = fail("cannot write", dst);
+                break;
+            }
+            done += w;
+        }
+        if (rc) break;
+        bytes_copied += (unsigned long)n;
+    }
+    if (rc == 0 && fchmod(out, mode & 0777) != 0) rc = fail("cannot chmod", dst);
+    if (close(out) != 0 && rc == 0) rc = fail("cannot close", dst);
+    close(in);
+    files_copied += rc == 0;
+    return rc;
+}
+
+static int copy_link(const char *src, const char *dst) {
+    char target[PATH_MAX];
+    ssize_t n = readlink(src, target, sizeof target - 1);
+    if (n < 0) return fail("cannot read link", src);
+    target[n] = 0;
+    if (symlink(target, dst) != 0) {
+        if (errno != EEXIST || unlink(dst) != 0 || symlink(target, dst) != 0)
+            return fail("cannot create link", dst);
+    }
+    return 0;
+}
+
+static int copy_tree(const char *src, const char *dst) {
+    struct stat st;
+    if (lstat(src, &st) != 0) return fail("cannot stat", src);
+    if (S_ISLNK(st.st_mode)) return copy_link(src, dst);
+    if (S_ISREG(st.st_mode)) return copy_file(src, dst, st.st_mode);
+    if (!S_ISDIR(st.st_mode)) return 0; /* no devices, sockets or fifos in a payload */
+    if (mkdir(dst, 0755) != 0 && errno != EEXIST) return fail("cannot create directory", dst);
+    DIR *dir = opendir(src);
+    if (!dir) return fail("cannot open directory", src);
+    struct dirent *entry;
+    int rc = 0;
+    char s[PATH_MAX], d[PATH_MAX];
+    while (rc == 0 && (entry = readdir(dir)) != NULL) {
+        if (!strcmp(entry->d_name, ".") || !strcmp(entry->d_name, "..")) continue;
+        if (snprintf(s, sizeof s, "%s/%s", src, entry->d_name) >= (int)sizeof s ||
+            snprintf(d, sizeof d, "%s/%s", dst, entry->d_name) >= (int)sizeof d) {
+            errno = ENAMETOOLONG;
+            rc = fail("path too long under", src);
+            break;
+        }
+        rc = copy_tree(s, d);
+    }
+    closedir(dir);
+    if (rc == 0 && chmod(dst, st.st_mode & 0777) != 0) rc = fail("cannot chmod", dst);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    const char *src = argc > 1 ? argv[1] : "/payload";
+    const char *dst = getenv("TARGET_DIRECTORY");
+    if (!dst || !*dst) {
+        fprintf(stderr, "lumigo-copy: TARGET_DIRECTORY is not set\n");
+        return 2;
+    }
+    if (copy_tree(src, dst) != 0) return 1;
+    printf("lumigo-copy: copied %lu files (%lu bytes) from %s to %s\n", files_copied, bytes_copied,
+           src, dst);
+    return 0;
+}

@@ -1,0 +1,310 @@
+/*
+ * lumigo_injector.so: activates the Lumigo OpenTelemetry distros in Python and Node.js processes.
+ *
+ * Loaded through LD_PRELOAD=/opt/lumigo/injector/lumigo_injector.so. An ELF constructor runs
+ * before main() and, only when the process is a CPython or Node.js interpreter, edits the process
+ * environment with the libc's own setenv():
+ *
+ *   python*  PYTHONPATH   = <payload>/python/bootstrap[:<user value>]
+ *   node     NODE_OPTIONS = --require <payload>/nodejs/lumigo-bootstrap.js[ <user value>]
+ *
+ * Why setenv at start-up and not a getenv() interposer: CPython copies `environ` into os.environ
+ * and Node reads it for process.env, so an edited environment is seen through getenv(), environ
+ * and the runtimes alike (the design of the OpenTelemetry injector).
+ *
+ * Why no libc: the same file must load in glibc and musl processes, so it is linked with
+ * -nostdlib and has no DT_NEEDED entry. getenv/setenv are WEAK undefined symbols, bound by the
+ * dynamic linker to whatever libc the program already uses; in a dynamically linked program
+ * without any libc they resolve to NULL and the constructor returns at once. The few system
+ * calls it needs (readlinkat, faccessat, write) are made directly. Static binaries never load
+ * LD_PRELOAD libraries, so they are never affected.
+ *
+ * Every other process (shells, coreutils, Go binaries, ...) sees no change at all. The values a
+ * user already set are kept: ours are prepended, and an entry already present is not added
+ * twice (child processes inherit the edited environment). Nothing is printed unless
+ * LUMIGO_INJECTOR_DEBUG=true; no value of LUMIGO_TRACER_TOKEN is ever printed.
+ *
+ * Thread safety: the constructor runs once, in the loading thread, before main() and before the
+ * program can start threads; it uses only stack buffers and no global mutable state.
+ */
+
+typedef unsigned long size_t;
+
+extern char *getenv(const char *name) __attribute__((weak));
+extern int setenv(const char *name, const char *value, int overwrite) __attribute__((weak));
+
+#define AT_FDCWD (-100)
+#define R_OK 4
+#define PATH_BUF 4096
+#define VALUE_BUF 32768
+#define DEFAULT_ROOT "/opt/lumigo"
+#define SO_SUFFIX "/injector/lumigo_injector.so"
+#define PY_BOOTSTRAP "/python/bootstrap"
+#define PY_BOOTSTRAP_FILE "/python/bootstrap/sitecustomize.py"
+#define NODE_BOOTSTRAP "/nodejs/lumigo-bootstrap.js"
+
+#if defined(__x86_64__)
+#define SYS_write 1
+#define SYS_readlinkat 267
+#define SYS_faccessat 269
+static long sys4(long n, long a, long b, long c, long d) {
+    long ret;
+    register long r10 __asm__("r10") = d;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+#elif defined(__aarch64__)
+#define SYS_write 64
+#define SYS_readlinkat 78
+#define SYS_faccessat 48
+static long sys4(long n, long a, long b, long c, long d) {
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+}
+#else
+#error "lumigo_injector supports x86_64 and aarch64"
+#endif
+
+/* ---- tiny freestanding string helpers (no libc) ---- */
+
+static size_t str_len(const char *s) {
+    size_t n = 0;
+    while (s[n]) n++;
+    return n;
+}
+
+static int str_eq(const char *a, const char *b) {
+    while (*a && *a == *b) a++, b++;
+    return *a == *b;
+}
+
+static int starts_with(const char *s, const char *prefix) {
+    while (*prefix)
+        if (*s++ != *prefix++) return 0;
+    return 1;
+}
+
+/* A growing string in a caller-owned buffer; `ok` turns 0 instead of overflowing. */
+struct buf {
+    char *p;
+    size_t len, cap;
+    int ok;
+};
+
+static void buf_add_n(struct buf *b, const char *s, size_t n) {
+    if (!b->ok || n >= b->cap - b->len) {
+        b->ok = 0;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) b->p[b->len + i] = s[i];
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+static void buf_add(struct buf *b, const char *s) { buf_add_n(b, s, str_len(s)); }
+
+/* ---- debug output: only with LUMIGO_INJECTOR_DEBUG=true|1 ---- */
+
+static int debug_enabled(void) {
+    const char *v = getenv("LUMIGO_INJECTOR_DEBUG");
+    return v && (str_eq(v, "true") || str_eq(v, "1") || str_eq(v, "TRUE") || str_eq(v, "True"));
+}
+
+static void debug(int enabled, const char *a, const char *b) {
+    if (!enabled) return;
+    char line[PATH_BUF];
+    struct buf out = {line, 0, sizeof line, 1};
+    buf_add(&out, "lumigo-injector: ");
+    buf_add(&out, a);
+    if (b) buf_add(&out, b);
+    size_t len = str_len(line);
+    if (out.ok && len < sizeof line - 1)
+        line[len++] = '\n';
+    else
+        line[len - 1] = '\n'; /* truncated: keep one line per message */
+    sys4(SYS_write, 2, (long)line, (long)len, 0);
+}
+
+/* ---- what kind of process is this? ---- */
+
+enum kind { OTHER, PYTHON, NODE };
+
+/* python, python3, python3.12, python3.13t, python3.11d; node, nodejs. By the real executable. */
+static enum kind classify(const char *base) {
+    if (str_eq(base, "node") || str_eq(base, "nodejs")) return NODE;
+    if (!starts_with(base, "python")) return OTHER;
+    const char *p = base + 6;
+    while ((*p >= '0' && *p <= '9') || *p == '.') p++;
+    if (*p == 'd' || *p == 't' || *p == 'm') p++;
+    return *p == 0 ? PYTHON : OTHER;
+}
+
+static const char *base_name(const char *path) {
+    const char *base = path;
+    for (const char *p = path; *p; p++)
+        if (*p == '/') base = p + 1;
+    return base;
+}
+
+static int readable(const char *path) {
+    return sys4(SYS_faccessat, AT_FDCWD, (long)path, R_OK, 0) == 0;
+}
+
+/*
+ * The payload root is two levels above this library as named in LD_PRELOAD
+ * ("<root>/injector/lumigo_injector.so"), so a payload copied anywhere works; /opt/lumigo
+ * otherwise (e.g. when loaded through /etc/ld.so.preload).
+ */
+static void payload_root(struct buf *root) {
+    const char *preload = getenv("LD_PRELOAD");
+    size_t suffix = str_len(SO_SUFFIX);
+    while (preload && *preload) {
+        const char *end = preload;
+        while (*end && *end != ':' && *end != ' ') end++;
+        size_t n = (size_t)(end - preload);
+        if (n > suffix && preload[0] == '/') {
+            const char *tail = end - suffix;
+            size_t i = 0;
+            while (i < suffix && tail[i] == SO_SUFFIX[i]) i++;
+            if (i == suffix) {
+                buf_add_n(root, preload, n - suffix);
+                return;
+            }
+        }
+        preload = *end ? end + 1 : end;
+    }
+    buf_add(root, DEFAULT_ROOT);
+}
+
+/* Is `entry` one of the `sep`-separated items of `list`? */
+static int list_has(const char *list, const char *entry, char sep) {
+    size_t n = str_len(entry);
+    const char *p = list;
+    while (*p) {
+        while (*p == sep) p++;
+        const char *end = p;
+        while (*end && *end != sep) end++;
+        if ((size_t)(end - p) == n) {
+            size_t i = 0;
+            while (i < n && p[i] == entry[i]) i++;
+            if (i == n) return 1;
+        }
+        p = end;
+    }
+    return 0;
+}
+
+/* NODE_OPTIONS splits on spaces; quote a path that has spaces, quotes or backslashes. */
+static void add_node_path(struct buf *b, const char *path) {
+    int plain = 1;
+    for (const char *p = path; *p; p++)
+        if (*p == ' ' || *p == '\t' || *p == '"' || *p == '\\' || *p == '\'') plain = 0;
+    if (plain) {
+        buf_add(b, path);
+        return;
+    }
+    buf_add_n(b, "\"", 1);
+    for (const char *p = path; *p; p++) {
+        if (*p == '"' || *p == '\\') buf_add_n(b, "\\", 1);
+        buf_add_n(b, p, 1);
+    }
+    buf_add_n(b, "\"", 1);
+}
+
+static void inject_python(int dbg, const char *root) {
+    char file[PATH_BUF], dir[PATH_BUF], value[VALUE_BUF];
+    struct buf f = {file, 0, sizeof file, 1}, d = {dir, 0, sizeof dir, 1};
+    buf_add(&f, root);
+    buf_add(&f, PY_BOOTSTRAP_FILE);
+    buf_add(&d, root);
+    buf_add(&d, PY_BOOTSTRAP);
+    if (!f.ok || !d.ok || !readable(file)) {
+        debug(dbg, "python: no payload at ", root);
+        return;
+    }
+    const char *old = getenv("PYTHONPATH");
+    if (old && list_has(old, dir, ':')) {
+        debug(dbg, "python: PYTHONPATH already set up", 0);
+        return;
+    }
+    struct buf v = {value, 0, sizeof value, 1};
+    buf_add(&v, dir);
+    if (old && *old) {
+        buf_add_n(&v, ":", 1);
+        buf_add(&v, old);
+    }
+    if (!v.ok) {
+        debug(dbg, "python: PYTHONPATH too long, left unchanged", 0);
+        return;
+    }
+    if (setenv("PYTHONPATH", value, 1) == 0) debug(dbg, "python: PYTHONPATH=", value);
+}
+
+static void inject_node(int dbg, const char *root) {
+    char file[PATH_BUF], quoted[PATH_BUF], value[VALUE_BUF];
+    struct buf f = {file, 0, sizeof file, 1}, q = {quoted, 0, sizeof quoted, 1};
+    buf_add(&f, root);
+    buf_add(&f, NODE_BOOTSTRAP);
+    if (!f.ok || !readable(file)) {
+        debug(dbg, "node: no payload at ", root);
+        return;
+    }
+    add_node_path(&q, file);
+    const char *old = getenv("NODE_OPTIONS");
+    if (old && list_has(old, quoted, ' ')) {
+        debug(dbg, "node: NODE_OPTIONS already set up", 0);
+        return;
+    }
+    struct buf v = {value, 0, sizeof value, 1};
+    buf_add(&v, "--require ");
+    buf_add(&v, quoted);
+    if (old && *old) {
+        buf_add_n(&v, " ", 1);
+        buf_add(&v, old);
+    }
+    if (!q.ok || !v.ok) {
+        debug(dbg, "node: NODE_OPTIONS too long, left unchanged", 0);
+        return;
+    }
+    if (setenv("NODE_OPTIONS", value, 1) == 0) debug(dbg, "node: NODE_OPTIONS=", value);
+}
+
+__attribute__((constructor)) static void lumigo_injector_init(void) {
+    /* No libc in this process (or one without these symbols): do nothing at all. */
+    if (!getenv || !setenv) return;
+
+    int dbg = debug_enabled();
+    char exe[PATH_BUF];
+    long n = sys4(SYS_readlinkat, AT_FDCWD, (long)"/proc/self/exe", (long)exe, (long)(sizeof exe - 1));
+    if (n <= 0) {
+        debug(dbg, "cannot read /proc/self/exe; nothing done", 0);
+        return;
+    }
+    exe[n] = 0;
+    enum kind kind = classify(base_name(exe));
+    if (kind == OTHER) {
+        debug(dbg, "not a Python or Node.js process: ", exe);
+        return;
+    }
+    const char *token = getenv("LUMIGO_TRACER_TOKEN");
+    if (!token || !*token) {
+        debug(dbg, "LUMIGO_TRACER_TOKEN is not set; tracing not activated in ", exe);
+        return;
+    }
+    char root_buf[PATH_BUF];
+    struct buf root = {root_buf, 0, sizeof root_buf, 1};
+    payload_root(&root);
+    if (!root.ok) return;
+    if (kind == PYTHON)
+        inject_python(dbg, root_buf);
+    else
+        inject_node(dbg, root_buf);
+}

@@ -1,0 +1,230 @@
+"""Real Python and Node.js HTTP apps under the injector send real spans to a real OTLP receiver.
+
+Each app is started with only what its container would have plus the env the webhook adds
+(LD_PRELOAD, LUMIGO_TRACER_TOKEN, LUMIGO_ENDPOINT, ...), serves one request, and the receiver must
+get the SERVER span of that request with the expected service name and HTTP attributes.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.injector_helpers import (
+    PROGRAMS,
+    TOKEN,
+    App,
+    OtlpReceiver,
+    base_env,
+    compile_c,
+    flask_python,
+    http_attribute,
+    python_interpreters,
+    running_app,
+    wait_until,
+    webhook_env,
+)
+
+INTERPRETERS = python_interpreters()
+# python3 (3.11 here) must always be there; the other minors are tested where installed (pyenv).
+assert "3.11" in INTERPRETERS, f"no CPython 3.11 found: {INTERPRETERS}"
+
+
+def assert_traced(receiver: OtlpReceiver, app: App, route: str, service: str) -> None:
+    status, _ = app.get(route)
+    assert status == 200
+    wait_until(
+        lambda: receiver.server_span(route) is not None,
+        timeout=60,
+        what=f"a SERVER span for {route} (got {[s.name for s in receiver.spans()]}, "
+        f"errors {receiver.errors}); app output:\n{app.output()[-3000:]}",
+    )
+    span = receiver.server_span(route)
+    assert span is not None
+    assert span.resource.get("service.name") == service
+    assert http_attribute(span, "http.method", "http.request.method") == "GET"
+    assert int(http_attribute(span, "http.status_code", "http.response.status_code")) == 200
+    assert receiver.errors == []
+    auth = {e.headers.get("Authorization") for e in receiver.exports if e.path == "/v1/traces"}
+    assert auth == {f"LumigoToken {TOKEN}"}
+
+
+@pytest.mark.parametrize("minor", sorted(INTERPRETERS, key=lambda v: tuple(map(int, v.split(".")))))
+def test_python_app_is_traced(minor: str, injector_payload: Path, tmp_path: Path) -> None:
+    python = flask_python(INTERPRETERS[minor])
+    with OtlpReceiver() as receiver:
+        env = {
+            **base_env(tmp_path),
+            "OTEL_SERVICE_NAME": f"flask-{minor}",
+            **webhook_env(injector_payload, receiver.endpoint, "app"),
+        }
+        with running_app([str(python), str(PROGRAMS / "flask_app.py")], env, tmp_path) as app:
+            assert_traced(receiver, app, "/hello", f"flask-{minor}")
+            _, seen = app.get("/hello")
+            # the payload matching this interpreter was picked, and nothing leaked into sys.path
+            # but the payload directories, appended after the application's own entries
+            tag = "cp" + minor.replace(".", "")
+            ours = [p for p in seen["sys_path"] if p.startswith(str(injector_payload))]
+            assert ours == [
+                str(injector_payload / "python" / f"{tag}-glibc"),
+                str(injector_payload / "python" / "common"),
+            ]
+            assert seen["sys_path"][-2:] == ours
+
+
+def test_node_app_is_traced(injector_payload: Path, tmp_path: Path) -> None:
+    with OtlpReceiver() as receiver:
+        env = {
+            **base_env(tmp_path),
+            "OTEL_SERVICE_NAME": "node-app",
+            **webhook_env(injector_payload, receiver.endpoint, "app"),
+        }
+        with running_app(["node", str(PROGRAMS / "http_app.js")], env, tmp_path) as app:
+            assert_traced(receiver, app, "/hello", "node-app")
+
+
+@pytest.mark.parametrize("runtime", ["python", "node"])
+def test_apps_without_token_work_untraced(
+    runtime: str, injector_payload: Path, tmp_path: Path
+) -> None:
+    with OtlpReceiver() as receiver:
+        env = {
+            **base_env(tmp_path),
+            **webhook_env(injector_payload, receiver.endpoint, "app", None),
+        }
+        if runtime == "python":
+            args = [str(flask_python(INTERPRETERS["3.11"])), str(PROGRAMS / "flask_app.py")]
+        else:
+            args = ["node", str(PROGRAMS / "http_app.js")]
+        with running_app(args, env, tmp_path) as app:
+            for _ in range(3):
+                status, seen = app.get("/hello")
+                assert status == 200
+            assert app.proc.poll() is None
+            assert seen["env"].get("PYTHONPATH") is None
+            assert seen["env"].get("NODE_OPTIONS") is None
+        assert "Traceback" not in app.output()
+        assert "lumigo" not in app.output().lower()
+        assert receiver.exports == []
+
+
+@pytest.mark.parametrize("runtime", ["python", "node"])
+def test_app_works_when_the_endpoint_is_down(
+    runtime: str, injector_payload: Path, tmp_path: Path
+) -> None:
+    """Nothing listens on LUMIGO_ENDPOINT: the distro's exports fail, the app keeps serving."""
+    with OtlpReceiver() as closed:
+        endpoint = closed.endpoint
+    env = {**base_env(tmp_path), **webhook_env(injector_payload, endpoint, "app")}
+    if runtime == "python":
+        args = [str(flask_python(INTERPRETERS["3.11"])), str(PROGRAMS / "flask_app.py")]
+    else:
+        args = ["node", str(PROGRAMS / "http_app.js")]
+    with running_app(args, env, tmp_path) as app:
+        for _ in range(5):
+            assert app.get("/hello")[0] == 200
+        assert app.proc.poll() is None
+
+
+def test_python_user_values_are_kept(injector_payload: Path, tmp_path: Path) -> None:
+    """The user's PYTHONPATH, own sitecustomize and own LD_PRELOAD library all still work."""
+    userlib = tmp_path / "userlib"
+    userlib.mkdir()
+    (userlib / "usermod.py").write_text("VALUE = 'from the user PYTHONPATH'\n")
+    (userlib / "sitecustomize.py").write_text("USER_SITECUSTOMIZE = True\n")
+    user_so = compile_c(PROGRAMS / "user_preload.c", tmp_path / "user_preload.so", "gcc",
+                        "-shared", "-fPIC")  # fmt: skip
+    with OtlpReceiver() as receiver:
+        env = {
+            **base_env(tmp_path),
+            "OTEL_SERVICE_NAME": "flask-user",
+            **webhook_env(injector_payload, receiver.endpoint, "app"),
+        }
+        # the webhook prepends ours to an existing LD_PRELOAD with ':'
+        env["LD_PRELOAD"] = f"{env['LD_PRELOAD']}:{user_so}"
+        env["PYTHONPATH"] = str(userlib)
+        python = flask_python(INTERPRETERS["3.11"])
+        with running_app([str(python), str(PROGRAMS / "flask_app.py")], env, tmp_path) as app:
+            assert_traced(receiver, app, "/hello", "flask-user")
+            _, seen = app.get("/hello")
+    assert seen["env"]["LD_PRELOAD"] == env["LD_PRELOAD"]
+    assert seen["env"]["USER_PRELOAD_LOADED"] == "1"
+    assert seen["env"]["PYTHONPATH"] == f"{injector_payload}/python/bootstrap:{userlib}"
+    assert seen["user_module"] == "from the user PYTHONPATH"
+    assert seen["user_sitecustomize"] is True
+    assert str(userlib) in seen["sys_path"]
+    assert str(injector_payload / "python" / "bootstrap") not in seen["sys_path"]
+
+
+def test_node_user_values_are_kept(injector_payload: Path, tmp_path: Path) -> None:
+    """The user's NODE_OPTIONS (a --require of their own and a flag) and LD_PRELOAD still work."""
+    user_js = tmp_path / "user.js"
+    user_js.write_text("global.USER_REQUIRE_LOADED = true;\n")
+    user_so = compile_c(PROGRAMS / "user_preload.c", tmp_path / "user_preload.so", "gcc",
+                        "-shared", "-fPIC")  # fmt: skip
+    user_options = f"--require {user_js} --max-http-header-size=32768"
+    with OtlpReceiver() as receiver:
+        env = {
+            **base_env(tmp_path),
+            "OTEL_SERVICE_NAME": "node-user",
+            **webhook_env(injector_payload, receiver.endpoint, "app"),
+        }
+        env["LD_PRELOAD"] = f"{env['LD_PRELOAD']}:{user_so}"
+        env["NODE_OPTIONS"] = user_options
+        with running_app(["node", str(PROGRAMS / "http_app.js")], env, tmp_path) as app:
+            assert_traced(receiver, app, "/hello", "node-user")
+            _, seen = app.get("/hello")
+    bootstrap = injector_payload / "nodejs" / "lumigo-bootstrap.js"
+    assert seen["env"]["NODE_OPTIONS"] == f"--require {bootstrap} {user_options}"
+    assert seen["user_require"] is True
+    assert seen["env"]["LD_PRELOAD"] == env["LD_PRELOAD"]
+    assert seen["env"]["USER_PRELOAD_LOADED"] == "1"
+
+
+def _old_interpreters() -> dict[str, str]:
+    """CPython versions the payload has no build for, where installed (pyenv)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = {}
+    for minor in ("2.7", "3.6", "3.7", "3.8"):
+        candidates = sorted(
+            glob.glob(str(pyenv / "versions" / f"{minor}.*" / "bin" / f"python{minor}"))
+        )
+        if candidates:
+            found[minor] = candidates[-1]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("label", "interpreter"),
+    [*sorted(_old_interpreters().items()), ("own-opentelemetry", sys.executable)],
+)
+def test_python_stands_down_quietly(
+    label: str, interpreter: str, injector_payload: Path, tmp_path: Path
+) -> None:
+    """No build for this interpreter, or the app brings its own OpenTelemetry (this test venv
+    has opentelemetry-proto): the program runs exactly as without the injector, silently."""
+    script = "import sys; print('ran', sys.version_info[0]); sys.exit(3)"
+    env = {
+        **base_env(tmp_path),
+        **webhook_env(injector_payload, "http://127.0.0.1:9/v1/traces", "c"),
+    }
+    with_injector = subprocess.run(
+        [interpreter, "-c", script], env=env, capture_output=True, text=True
+    )
+    plain = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    without = subprocess.run([interpreter, "-c", script], env=plain, capture_output=True, text=True)
+    assert (with_injector.returncode, with_injector.stdout, with_injector.stderr) == (
+        without.returncode,
+        without.stdout,
+        without.stderr,
+    )
+    assert with_injector.returncode == 3
+    debug = subprocess.run([interpreter, "-c", script], capture_output=True, text=True,
+                           env={**env, "LUMIGO_INJECTOR_DEBUG": "true"})  # fmt: skip
+    reason = "already has OpenTelemetry" if label == "own-opentelemetry" else "not supported"
+    assert reason in debug.stderr
