@@ -1,9 +1,10 @@
 """The telemetry proxy (the real collector, our rendered config) between a tracer and upstream.
 
-The tracer here is a plain OTLP/HTTP protobuf client, sending what the injected Lumigo distro
-sends: spans with `Authorization: LumigoToken <token>`. It connects from 127.0.0.1, so the pod it
-"runs in" is a Pod object whose status.podIP is 127.0.0.1, owned by a ReplicaSet owned by a
-Deployment: the proxy must find it by the connection's address, as in a cluster.
+Two tracers: a real Flask app under the injector (the payload `make payload` builds, the env the
+webhook adds, LUMIGO_ENDPOINT pointing at the proxy), and a plain OTLP/HTTP protobuf client that
+sends two tenants' spans. Both connect from 127.0.0.1, so the pod they "run in" is a Pod object
+whose status.podIP is 127.0.0.1, owned by a ReplicaSet owned by a Deployment: the proxy must find
+it by the connection's address, as in a cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from api.resources import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
 from controller.kube import KubeClient
 from controller.telemetry_config import render
 from localcluster import LocalCluster, free_port, wait_until
+from tests.e2e.injector_helpers import (
+    PROGRAMS,
+    base_env,
+    flask_python,
+    python_interpreters,
+    running_app,
+    webhook_env,
+)
 from tests.support.lumigo import random_token
 from tests.support.otel import (
     OTLPSink,
@@ -136,6 +145,46 @@ def test_spans_reach_upstream_enriched_with_their_own_authorization(
     assert resource["k8s.cluster.uid"] == cluster_uid
     assert resource["k8s.cluster.name"] == "local-test"
     assert resource["lumigo.k8s_operator.version"] == "dev"
+
+
+def test_injected_python_app_is_traced_through_the_proxy(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    sink: OTLPSink,
+    injector_payload: Path,
+    tmp_path: Path,
+) -> None:
+    objects = app_pod_on_loopback(kube, namespace)
+    settings = local_settings(sink.url, namespace, cluster_uid="uid-of-kube-system")
+    token = random_token()
+    python = flask_python(python_interpreters()["3.11"])
+    env = {
+        **base_env(tmp_path),
+        **webhook_env(
+            injector_payload, f"http://127.0.0.1:{settings.otlp_port}/v1/traces", "app", token
+        ),
+    }
+    try:
+        with (
+            running_collector(render([], settings), tmp_path, settings.health_port, cluster.env()),
+            running_app([str(python), str(PROGRAMS / "flask_app.py")], env, tmp_path) as app,
+        ):
+            assert app.get("/hello")[0] == 200
+            wait_until(
+                lambda: any("/hello" in s.name for s in sink.spans()),
+                90,
+                f"the app's span at the upstream sink; app output:\n{app.output()[-2000:]}",
+            )
+    finally:
+        kube.delete(PODS, objects["pod"]["metadata"]["name"], namespace)
+    span = next(s for s in sink.spans() if "/hello" in s.name)
+    assert span.authorization == f"LumigoToken {token}"
+    assert span.resource["k8s.pod.name"] == objects["pod"]["metadata"]["name"]
+    assert span.resource["k8s.deployment.name"] == "checkout"
+    assert span.resource["k8s.deployment.uid"] == objects["deployment"]["metadata"]["uid"]
+    assert span.resource["k8s.cluster.uid"] == "uid-of-kube-system"
 
 
 def test_unreachable_upstream_does_not_break_the_proxy(
