@@ -29,6 +29,20 @@ tools: ## Build/install the pinned upstream tools into bin/ (cached in ~/.cache/
 manifests: venv ## Regenerate the CRD (and its copies) from the api/ schemas
 	$(PY) hack/gen-manifests
 
+.PHONY: bundle
+bundle: manifests ## Regenerate the OLM bundle (bundle/, bundle.Dockerfile) from config/
+	$(PY) hack/gen-bundle
+
+.PHONY: catalog
+catalog: bundle ## Regenerate the file-based OLM catalog (catalog/, catalog.Dockerfile) from bundle/
+	$(PYTHON) hack/install-tools helm-olm
+	$(PY) hack/gen-catalog
+
+IMG ?= quay.io/lumigo/lumigo-operator:v$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+.PHONY: docker-build
+docker-build: ## Build the operator image (needs docker; the autotrace image: injector/Dockerfile)
+	docker build -t $(IMG) .
+
 .PHONY: lint
 lint: venv ## ruff (lint + format check) and mypy --strict
 	$(VENV)/bin/ruff check .

@@ -14,12 +14,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack"))
 
 from controller.kube import KubeClient  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
+
+# Shared 2-core CI machines are slow and noisy: no per-example deadlines, no too_slow checks.
+settings.register_profile(
+    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.load_profile("ci")
 
 CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
 TIERS = ("unit", "integration", "e2e")

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""The proxy's memory as the number of monitored namespaces grows (events/objects collection).
+
+Each monitored namespace adds one k8s_objects receiver (8 watches), one resource processor, one
+exporter and one pipeline to the rendered configuration. For each N in `--counts`, the real
+collector runs the configuration the operator renders for N namespaces against a local
+kube-apiserver, each namespace holding one Deployment; once the upstream sink has received
+records from all N namespaces (every pipeline is up and its initial state delivered), the proxy's
+RSS is read.
+
+    .venv/bin/python bench/telemetry_events_scale.py [--counts 0,10,50]
+
+Prints a table and writes bench/results/telemetry_events_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+
+from api.resources import DEPLOYMENTS  # noqa: E402
+from controller.kube import KubeClient  # noqa: E402
+from controller.telemetry_config import MonitoredNamespace, render  # noqa: E402
+from localcluster import running, wait_until  # noqa: E402
+from tests.support.otel import (  # noqa: E402
+    OTLPSink,
+    local_settings,
+    running_collector,
+    running_sink,
+)
+
+RESULTS = ROOT / "bench" / "results" / "telemetry_events_scale.json"
+
+
+def deployment(name: str) -> dict[str, object]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+            },
+        },
+    }
+
+
+def delivering(sink: OTLPSink, wanted: set[str]) -> bool:
+    return wanted <= {r.resource.get("k8s.namespace.name") for r in sink.logs()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--counts", default="0,10,50")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.counts.split(",")]
+
+    rows = []
+    with running() as cluster:
+        kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
+        cluster.kubectl("create", "namespace", "bench")
+        created = 0
+        for n in counts:
+            while created < n:
+                name = f"bench-ns-{created:03d}"
+                cluster.kubectl("create", "namespace", name)
+                kube.create(DEPLOYMENTS, deployment("app"), name)
+                created += 1
+            namespaces = [
+                MonitoredNamespace(f"bench-ns-{i:03d}", f"uid-{i}", f"t_{i:021x}") for i in range(n)
+            ]
+            with running_sink() as sink, tempfile.TemporaryDirectory() as workdir:
+                settings = local_settings(sink.url, "bench", lease_name=f"bench-{n}")
+                config = render(namespaces, settings)
+                started = time.monotonic()
+                with running_collector(
+                    config, Path(workdir), settings.health_port, cluster.env()
+                ) as proxy:
+                    wait_until(
+                        partial(delivering, sink, {ns.name for ns in namespaces}),
+                        300,
+                        "records from every monitored namespace",
+                    )
+                    settled = time.monotonic() - started
+                    rss, peak = proxy.rss_kib()
+            rows.append(
+                {
+                    "namespaces": n,
+                    "config_bytes": len(config),
+                    "rss_mib": round(rss / 1024, 1),
+                    "rss_peak_mib": round(peak / 1024, 1),
+                    "all_pipelines_delivering_after_s": round(settled, 1),
+                }
+            )
+            print(
+                f"namespaces={n:4} config={len(config):7} B  rss={rss / 1024:7.1f} MiB  "
+                f"peak={peak / 1024:7.1f} MiB  all delivering after {settled:5.1f} s",
+                flush=True,
+            )
+
+    figures = {
+        "rows": rows,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        },
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

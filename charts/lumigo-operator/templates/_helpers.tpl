@@ -1,0 +1,130 @@
+{{/* Chart name. */}}
+{{- define "lumigo-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, e.g. lumigo-lumigo-operator (object names derive from it). At most
+26 characters, so that <fullname>-controller-manager-metrics-service is a valid Service name (63).
+*/}}
+{{- define "lumigo-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 26 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 26 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 26 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "lumigo-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "lumigo-operator.labels" -}}
+helm.sh/chart: {{ include "lumigo-operator.chart" . }}
+app.kubernetes.io/name: {{ include "lumigo-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: lumigo-operator
+{{- end }}
+
+{{/* Selector of the manager pods (never changes across upgrades). */}}
+{{- define "lumigo-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "lumigo-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+control-plane: controller-manager
+{{- end }}
+
+{{- define "lumigo-operator.serviceAccountName" -}}
+lumigo-kubernetes-operator
+{{- end }}
+
+{{- define "lumigo-operator.webhookService" -}}
+{{ include "lumigo-operator.fullname" . }}-webhooks-service
+{{- end }}
+
+{{- define "lumigo-operator.certSecret" -}}
+{{ include "lumigo-operator.fullname" . }}-lumigo-injector-webhook-certs
+{{- end }}
+
+{{- define "lumigo-operator.injectorWebhookConfiguration" -}}
+{{ include "lumigo-operator.fullname" . }}-injector-webhook-configuration
+{{- end }}
+
+{{- define "lumigo-operator.defaulterWebhookConfiguration" -}}
+{{ include "lumigo-operator.fullname" . }}-defaulter-webhook-configuration
+{{- end }}
+
+{{- define "lumigo-operator.telemetryProxyEndpoint" -}}
+http://{{ include "lumigo-operator.fullname" . }}-telemetry-proxy-service.$(POD_NAMESPACE).svc.cluster.local
+{{- end }}
+
+{{- define "lumigo-operator.managerImage" -}}
+{{- $image := .Values.controllerManager.manager.image }}
+{{- printf "%s:%s" $image.repository (default (printf "v%s" .Chart.AppVersion) $image.tag) }}
+{{- end }}
+
+{{- define "lumigo-operator.injectorImage" -}}
+{{- $image := .Values.injectorWebhook.lumigoInjector.image }}
+{{- printf "%s:%s" $image.repository (default (printf "v%s" .Chart.AppVersion) $image.tag) }}
+{{- end }}
+
+{{/* The restricted Pod Security Standard, for every pod of the chart. */}}
+{{- define "lumigo-operator.podSecurityContext" -}}
+runAsNonRoot: true
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "lumigo-operator.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop:
+  - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Linux nodes of the architectures the images are built for. */}}
+{{- define "lumigo-operator.nodeAffinity" -}}
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+    - matchExpressions:
+      - key: kubernetes.io/os
+        operator: In
+        values:
+        - linux
+      - key: kubernetes.io/arch
+        operator: In
+        values:
+        - amd64
+        - arm64
+{{- end }}
+
+{{/* Tolerations / nodeSelector of the manager, falling back to global. */}}
+{{- define "lumigo-operator.scheduling" -}}
+{{- $tolerations := .Values.controllerManager.tolerations | default .Values.global.tolerations }}
+{{- $nodeSelector := .Values.controllerManager.nodeSelector | default .Values.global.nodeSelector }}
+{{- with $tolerations }}
+tolerations:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $nodeSelector }}
+nodeSelector:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

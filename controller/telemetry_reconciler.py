@@ -1,0 +1,350 @@
+"""Keeps the telemetry proxy's collector configuration in step with the active Lumigoes.
+
+A single-key, level-triggered loop: any relevant change to a Lumigo (and a periodic resync, for
+token rotations: the operator may GET Secrets but not watch them) recomputes the whole set of
+monitored namespaces, renders the configuration (`controller.telemetry_config`), writes it into a
+Secret (it holds tokens, so never a ConfigMap), and rolls the proxy Deployment by changing a
+pod-template annotation to the configuration's hash — only when the rendered text changed, so an
+unchanged set never restarts anything.
+
+Failures never propagate: an API error aborts the pass before anything is written (a transient
+Secret read error must not drop a namespace's pipeline and restart the proxy) and the loop
+retries with backoff. A namespace whose token is unusable is left out; the Lumigo controller
+reports why in that Lumigo's status.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from api.lumigo import InvalidSpecError, load_spec
+from api.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
+from controller.informer import FuncHandler, Informer
+from controller.kube import KubeClient
+from controller.lumigo_status import is_active, secret_value, token_secret_problem
+from controller.telemetry_config import MonitoredNamespace, ProxySettings, render
+
+log = logging.getLogger("lumigo.telemetry")
+
+JSON = dict[str, Any]
+
+CONFIG_HASH_ANNOTATION = "operator.lumigo.io/telemetry-config-hash"
+CONFIG_KEY = "config.yaml"
+# A Secret holds at most 1 MiB; keep room for metadata. About 1.5 KB per monitored namespace.
+MAX_CONFIG_BYTES = 1_000_000
+MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
+
+SYNCS = Counter(
+    "lumigo_telemetry_proxy_config_syncs_total",
+    "Passes of the telemetry proxy configuration loop, by outcome.",
+    ["result"],
+)
+MONITORED = Gauge(
+    "lumigo_telemetry_proxy_monitored_namespaces",
+    "Namespaces whose Kubernetes events and objects the telemetry proxy collects.",
+)
+
+
+@dataclass(frozen=True)
+class ProxyTarget:
+    """Where the proxy runs: its namespace, its configuration Secret and its Deployment."""
+
+    namespace: str
+    secret_name: str
+    deployment_name: str
+
+    @classmethod
+    def for_release(cls, namespace: str, fullname: str) -> ProxyTarget:
+        """The names the manifests use: `<fullname>-telemetry-proxy[-config]`."""
+        return cls(namespace, f"{fullname}-telemetry-proxy-config", f"{fullname}-telemetry-proxy")
+
+
+def config_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class ConfigTooLargeError(RuntimeError):
+    """The configuration cannot be stored: the proxy keeps running the previous one."""
+
+
+def check_size(text: str, namespaces: int) -> None:
+    size = len(text.encode())
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigTooLargeError(
+            f"the telemetry proxy configuration for {namespaces} monitored namespaces is "
+            f"{size} bytes, more than a Secret can hold ({MAX_CONFIG_BYTES}); the proxy keeps "
+            "its previous configuration. Disable spec.infrastructure.kubeEvents in some "
+            "namespaces' Lumigo resources."
+        )
+
+
+def _relevance(obj: JSON) -> tuple[Any, ...]:
+    """What of a Lumigo the configuration depends on (status timestamps are not)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return (
+        is_active(obj),
+        bool(meta.get("deletionTimestamp")),
+        repr((spec.get("lumigoToken"), spec.get("infrastructure"))),
+    )
+
+
+class TelemetryProxyReconciler:
+    """Renders, stores and rolls out the proxy configuration; run it on the leader only.
+
+    Wiring (the manager): `Runnable("telemetry-proxy", r.start, r.stop, leader_only=True)` with
+    the manager's shared Lumigo informer. `sync()` is one pass, usable from any loop.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        lumigoes: Informer,
+        target: ProxyTarget,
+        settings: ProxySettings,
+        *,
+        resync_period: float = 60.0,
+        max_backoff: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.lumigoes = lumigoes
+        self.target = target
+        self.settings = settings
+        self.resync_period = resync_period
+        self.max_backoff = max_backoff
+        self._trigger = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._namespace_uids: dict[str, str] = {}
+        self._cluster_uid: str | None = None
+        self._reported: dict[str, str] = {}  # namespace -> last logged reason it is left out
+        self._deployment_missing = False
+        self.last_error = ""
+
+    # -- loop -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.lumigoes.add_handler(
+            FuncHandler(
+                add=lambda _obj: self._trigger.set(),
+                update=self._on_update,
+                delete=lambda _obj: self._trigger.set(),
+            )
+        )
+        self._trigger.set()
+        self._thread = threading.Thread(target=self._run, name="telemetry-proxy", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._trigger.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def healthy(self) -> bool:
+        return self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
+
+    def _on_update(self, old: JSON, new: JSON) -> None:
+        if _relevance(old) != _relevance(new):
+            self._trigger.set()
+
+    def _run(self) -> None:
+        failures = 0
+        delay = 0.0
+        while not self._stop.is_set():
+            self._trigger.wait(delay if delay > 0 else None)
+            self._trigger.clear()
+            if self._stop.is_set():
+                return
+            if not self.lumigoes.has_synced():
+                # An empty cache would render "no namespaces" and restart the proxy without them.
+                delay = 1.0
+                continue
+            try:
+                self.sync()
+                failures, delay = 0, self.resync_period
+            except Exception as err:
+                failures += 1
+                delay = min(self.max_backoff, 0.5 * 2**failures)
+                self.last_error = str(err)
+                SYNCS.labels("error").inc()
+                log.warning(
+                    "telemetry proxy configuration not updated, retrying",
+                    extra={"error": str(err), "retry_in_s": delay},
+                    exc_info=not isinstance(err, ApiError),
+                )
+
+    # -- one pass -------------------------------------------------------------------------------
+    def sync(self) -> bool:
+        """Render from the cache and apply; True when the configuration changed."""
+        namespaces = self.monitored_namespaces()
+        t = self.target
+        # The Lease lives next to the proxy, where its Role allows it.
+        settings = replace(
+            self.settings,
+            lease_namespace=t.namespace,
+            lease_name=f"{t.deployment_name}-k8s-objects",
+        )
+        if not settings.cluster_uid:
+            settings = replace(settings, cluster_uid=self._get_cluster_uid())
+        text = render(namespaces, settings)
+        check_size(text, len(namespaces))
+        digest = config_hash(text)
+        deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
+        changed = self._apply_secret(text, digest, deployment)
+        rolled = self._roll(deployment, digest)
+        MONITORED.set(len(namespaces))
+        SYNCS.labels("changed" if changed or rolled else "unchanged").inc()
+        if changed or rolled:
+            log.info(
+                "telemetry proxy configuration applied",
+                extra={
+                    "hash": digest,
+                    "namespaces": [ns.name for ns in namespaces],
+                    "secret_updated": changed,
+                    "rollout": rolled,
+                },
+            )
+        self.last_error = ""
+        return changed or rolled
+
+    def monitored_namespaces(self) -> list[MonitoredNamespace]:
+        """Namespaces with an active, not deleting Lumigo that wants events, and a usable token."""
+        candidates: dict[str, JSON] = {}
+        for obj in sorted(self.lumigoes.store.list(), key=_age):
+            meta = obj.get("metadata") or {}
+            if not is_active(obj) or meta.get("deletionTimestamp"):
+                continue
+            candidates.setdefault(str(meta.get("namespace", "")), obj)  # the oldest one
+
+        out: list[MonitoredNamespace] = []
+        reasons: dict[str, str] = {}
+        for namespace, obj in sorted(candidates.items()):
+            try:
+                spec = load_spec(obj.get("spec"))
+            except InvalidSpecError as err:
+                reasons[namespace] = str(err)
+                continue
+            infra = spec.infrastructure
+            if not (infra.enabled and infra.kube_events.enabled):
+                continue
+            ref = spec.lumigo_token.secret_ref
+            secret = self.client.get_or_none(SECRETS, ref.name, namespace) if ref.name else None
+            problem = token_secret_problem(namespace, ref, secret)
+            if problem is not None or secret is None:
+                reasons[namespace] = problem or "no secret"
+                continue
+            token = (secret_value(secret, ref.key) or "").strip()
+            out.append(MonitoredNamespace(namespace, self._namespace_uid(namespace), token))
+        self._report(reasons)
+        return out
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _report(self, reasons: dict[str, str]) -> None:
+        """Log each namespace left out once per reason, not on every resync."""
+        for namespace, reason in sorted(reasons.items()):
+            if self._reported.get(namespace) != reason:
+                log.info(
+                    "namespace left out of Kubernetes events collection",
+                    extra={"namespace": namespace, "reason": reason},
+                )
+        self._reported = reasons
+
+    def _namespace_uid(self, name: str) -> str:
+        uid = self._namespace_uids.get(name)
+        if uid is None:
+            namespace = self.client.get_or_none(NAMESPACES, name)
+            uid = str(((namespace or {}).get("metadata") or {}).get("uid", ""))
+            self._namespace_uids[name] = uid
+        return uid
+
+    def _get_cluster_uid(self) -> str:
+        """The kube-system namespace's UID, the usual cluster identity ("" if not readable)."""
+        if self._cluster_uid is None:
+            try:
+                self._cluster_uid = self._namespace_uid("kube-system")
+            except ApiError as err:
+                if err.code not in (401, 403):
+                    raise
+                self._cluster_uid = ""
+        return self._cluster_uid
+
+    def _apply_secret(self, text: str, digest: str, deployment: JSON | None) -> bool:
+        """Create or update the Secret; owned by the proxy Deployment when it exists.
+
+        The owner reference lets the garbage collector delete the tokens together with the
+        proxy (uninstall), although the Secret is the operator's and not the installer's.
+        """
+        t = self.target
+        data = {CONFIG_KEY: base64.b64encode(text.encode()).decode()}
+        owners = [_owner_reference(deployment)] if deployment is not None else None
+        current = self.client.get_or_none(SECRETS, t.secret_name, t.namespace)
+        if current is None:
+            meta: JSON = {
+                "name": t.secret_name,
+                "namespace": t.namespace,
+                "labels": dict(MANAGED_BY),
+                "annotations": {CONFIG_HASH_ANNOTATION: digest},
+            }
+            if owners:
+                meta["ownerReferences"] = owners
+            body: JSON = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta}
+            self.client.create(SECRETS, {**body, "data": data}, t.namespace)
+            return True
+        meta = current.setdefault("metadata", {})
+        same_data = (current.get("data") or {}) == data
+        same_owner = owners is None or meta.get("ownerReferences") == owners
+        if same_data and same_owner:
+            return False
+        if owners:
+            meta["ownerReferences"] = owners
+        meta.setdefault("annotations", {})[CONFIG_HASH_ANNOTATION] = digest
+        current["data"] = data
+        current.pop("stringData", None)
+        self.client.replace(SECRETS, current, t.namespace)  # resourceVersion: optimistic lock
+        return not same_data
+
+    def _roll(self, deployment: JSON | None, digest: str) -> bool:
+        """Set the hash on the pod template when it differs: a rolling restart, once."""
+        t = self.target
+        if deployment is None:
+            if not self._deployment_missing:
+                log.warning(
+                    "telemetry proxy Deployment not found; configuration stored, nothing to roll",
+                    extra={"deployment": f"{t.namespace}/{t.deployment_name}"},
+                )
+                self._deployment_missing = True
+            return False
+        self._deployment_missing = False
+        template_meta = ((deployment.get("spec") or {}).get("template") or {}).get("metadata")
+        current = ((template_meta or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
+        if current == digest:
+            return False
+        patch = {
+            "spec": {"template": {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: digest}}}}
+        }
+        self.client.merge_patch(DEPLOYMENTS, t.deployment_name, patch, t.namespace)
+        return True
+
+
+def _owner_reference(deployment: JSON) -> JSON:
+    meta = deployment.get("metadata") or {}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": meta.get("name", ""),
+        "uid": meta.get("uid", ""),
+    }
+
+
+def _age(obj: JSON) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))

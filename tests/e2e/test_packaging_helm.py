@@ -1,0 +1,388 @@
+"""The Helm chart: lint, render, dry-run on the real API server, install/upgrade/uninstall on the
+full local cluster (kwok runs the pods, so the Deployment becomes Available without images).
+
+The test that runs `lumigo-operator uninstall` after `helm uninstall` (the hook's logic, as a local
+process, since kwok does not run containers) belongs with the manager CLI: use the `release`
+fixture below, which guarantees the cleanup.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localcluster import LocalCluster, wait_until
+from tests.e2e.packaging_support import (
+    CHART,
+    CRD_NAME,
+    ROOT,
+    HelmRelease,
+    deployment_available,
+    exists,
+    find,
+    get_json,
+    helm,
+    load_docs,
+    load_file,
+    render_chart,
+    restricted_namespace,
+)
+
+TOKEN = "t_0123456789abcdef01234"  # well-formed, not a real token
+
+
+def non_default_values(monitored_namespace: str) -> dict[str, Any]:
+    """Every knob changed, the quick start on."""
+    return {
+        "fullnameOverride": "acme-tracing",
+        "cluster": {"name": "prod-eu-1"},
+        "debug": {"enabled": True},
+        "crds": {"install": False},
+        "controllerManager": {
+            "replicas": 2,
+            "manager": {
+                "image": {
+                    "repository": "registry.example.com/lumigo/operator",
+                    "tag": "v9.9.9",
+                    "pullPolicy": "Always",
+                },
+                "resources": {
+                    "limits": {"cpu": "1", "memory": "1Gi"},
+                    "requests": {"cpu": "200m", "memory": "256Mi"},
+                },
+            },
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "obs", "effect": "NoSchedule"}
+            ],
+            "nodeSelector": {"node-role.example.com/observability": "true"},
+            "podAnnotations": {"example.com/team": "platform"},
+            "podLabels": {"example.com/cost-center": "obs"},
+            "priorityClassName": "lumigo-high",
+        },
+        "injectorWebhook": {
+            "lumigoInjector": {
+                "image": {"repository": "registry.example.com/lumigo/autotrace", "tag": "v9.9.9"}
+            }
+        },
+        "endpoint": {"otlp": {"url": "https://otlp.example.com"}},
+        "telemetryProxy": {"replicas": 2},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "lumigoToken": {"secretName": "my-lumigo-token", "secretKey": "lumigo", "value": TOKEN},
+        "monitoredNamespaces": [{"namespace": monitored_namespace, "loggingEnabled": True}],
+        "uninstallHook": {"timeout": "300s"},
+    }
+
+
+def manager_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "manager")
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+# --- lint and render (no cluster) ---------------------------------------------------------
+
+
+def test_helm_lint_strict_is_clean() -> None:
+    out = helm("lint", "--strict", str(CHART)).stdout
+    assert "0 chart(s) failed" in out
+    assert "[WARNING]" not in out
+    assert "[ERROR]" not in out
+
+
+def test_helm_lint_strict_is_clean_with_non_default_values(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(json.dumps(non_default_values("my-app")))
+    out = helm("lint", "--strict", str(CHART), "--values", str(values)).stdout
+    assert "[WARNING]" not in out
+    assert "[ERROR]" not in out
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("controllerManager.replicas=0", "replicas"),
+        ("controllerManager.manager.image.pullPolicy=Sometimes", "pullPolicy"),
+        ("monitoredNamespaces[0].namespace=Not_A_Namespace", "namespace"),
+        ("unknownKnob=1", "unknownKnob"),
+    ],
+)
+def test_values_schema_rejects_bad_values(setting: str, words: str) -> None:
+    proc = helm("template", "lumigo", str(CHART), "--set", setting, check=False)
+    assert proc.returncode != 0
+    assert "schema" in proc.stderr
+    assert words in proc.stderr
+
+
+def test_default_render_has_no_key_material_and_labels_operator_workloads() -> None:
+    docs = load_docs(render_chart("lumigo", "lumigo-system"))
+    kinds = sorted({d["kind"] for d in docs})
+    assert "Secret" not in kinds, "no certificate or token Secret is rendered by default"
+    for hook in docs:
+        if hook["kind"] == "MutatingWebhookConfiguration":
+            for webhook in hook["webhooks"]:
+                assert "caBundle" not in webhook["clientConfig"]
+    deployment = find(docs, "Deployment", "lumigo-lumigo-operator-controller-manager")
+    job = find(docs, "Job", "lumigo-lumigo-operator-uninstall-hook")
+    for workload in (deployment, job):
+        assert workload["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+        assert workload["spec"]["template"]["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    crd = find(docs, "CustomResourceDefinition", CRD_NAME)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_uninstall_hook_and_its_rbac_are_pre_delete_hooks() -> None:
+    docs = load_docs(render_chart("lumigo", "lumigo-system"))
+    hooks = {
+        (d["kind"], d["metadata"]["name"]): d["metadata"].get("annotations", {})
+        for d in docs
+        if "helm.sh/hook" in d["metadata"].get("annotations", {})
+    }
+    name = "lumigo-lumigo-operator-uninstall-hook"
+    assert set(hooks) == {
+        ("ServiceAccount", name),
+        ("ClusterRole", name),
+        ("ClusterRoleBinding", name),
+        ("Job", name),
+    }
+    for hook in hooks.values():
+        assert hook["helm.sh/hook"] == "pre-delete"
+        assert hook["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    job_weight = int(hooks[("Job", name)]["helm.sh/hook-weight"])
+    for key, hook in hooks.items():
+        if key[0] != "Job":
+            assert int(hook["helm.sh/hook-weight"]) < job_weight, key
+    job = find(docs, "Job", name)
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:2] == ["lumigo-operator", "uninstall"]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == name
+
+
+def test_non_default_values_are_rendered() -> None:
+    docs = load_docs(render_chart("lumigo", "observability", non_default_values("my-app")))
+    assert not [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    deployment = find(docs, "Deployment", "acme-tracing-controller-manager")
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+    assert pod["spec"]["nodeSelector"] == {"node-role.example.com/observability": "true"}
+    assert pod["spec"]["priorityClassName"] == "lumigo-high"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["metadata"]["annotations"]["example.com/team"] == "platform"
+    assert pod["metadata"]["labels"]["example.com/cost-center"] == "obs"
+    container = manager_container(deployment)
+    assert container["image"] == "registry.example.com/lumigo/operator:v9.9.9"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "1Gi"}
+    env = env_of(container)
+    assert env["LUMIGO_INJECTOR_IMAGE"] == "registry.example.com/lumigo/autotrace:v9.9.9"
+    assert env["LUMIGO_LOG_LEVEL"] == "debug"
+    assert env["TELEMETRY_PROXY_OTLP_SERVICE"] == (
+        "http://acme-tracing-telemetry-proxy-service.$(POD_NAMESPACE).svc.cluster.local"
+    )
+    injector_name = "acme-tracing-injector-webhook-configuration"
+    defaulter_name = "acme-tracing-defaulter-webhook-configuration"
+    assert f"--webhook-configurations={injector_name},{defaulter_name}" in container["args"]
+    injector = find(docs, "MutatingWebhookConfiguration", injector_name)
+    (expression,) = injector["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    assert expression["values"] == ["observability", "kube-system"]
+    job = find(docs, "Job", "acme-tracing-uninstall-hook")
+    assert "--timeout=300s" in job["spec"]["template"]["spec"]["containers"][0]["command"]
+    # Debug keeps the hook Job (and its RBAC) for inspection.
+    assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    # Quick start: the Secret is a release object, the Lumigo a post-install hook.
+    secret = find(docs, "Secret", "my-lumigo-token")
+    assert secret["metadata"]["namespace"] == "my-app"
+    assert secret["stringData"] == {"lumigo": TOKEN}
+    lumigo = find(docs, "Lumigo", "lumigo")
+    assert lumigo["metadata"]["namespace"] == "my-app"
+    assert lumigo["metadata"]["annotations"]["helm.sh/hook"] == "post-install"
+    assert lumigo["spec"] == {
+        "lumigoToken": {"secretRef": {"name": "my-lumigo-token", "key": "lumigo"}},
+        "tracing": {"enabled": True},
+        "logging": {"enabled": True},
+    }
+
+
+def test_token_appears_only_in_its_secret(cluster: LocalCluster, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(json.dumps(non_default_values("my-app")))
+    rendered = render_chart("lumigo", "observability", non_default_values("my-app"))
+    docs = load_docs(rendered)
+    holders = [d for d in docs if TOKEN in json.dumps(d)]
+    assert [(d["kind"], d["metadata"]["name"]) for d in holders] == [("Secret", "my-lumigo-token")]
+    # NOTES.txt is printed by `helm install`: it must not echo the token either.
+    out = helm(
+        "install", "lumigo", str(CHART), "--namespace", "observability",
+        "--dry-run=client", "--values", str(values), cluster=cluster,
+    ).stdout  # fmt: skip
+    notes = out.split("NOTES:", 1)[1]
+    assert "my-app" in notes
+    assert TOKEN not in notes
+
+
+def _without_helm_metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"].pop("labels", None)
+    out["metadata"].pop("annotations", None)
+    return out
+
+
+def test_chart_renders_the_same_objects_as_config_default() -> None:
+    """Release `lumigo` in lumigo-system gives the names of config/: same RBAC, webhooks, pod."""
+    chart = load_docs(render_chart("lumigo", "lumigo-system"))
+    config: list[dict[str, Any]] = []
+    for part in ("rbac", "manager", "webhook"):
+        for path in sorted((ROOT / "config" / part).glob("*.yaml")):
+            if path.name != "kustomization.yaml":
+                config += load_file(path)
+    assert config
+    for want in config:
+        kind, name = want["kind"], want["metadata"]["name"]
+        got = find(chart, kind, name)
+        if kind in ("ClusterRole", "Role"):
+            assert got["rules"] == want["rules"], name
+        elif kind in ("ClusterRoleBinding", "RoleBinding"):
+            assert (got["roleRef"], got["subjects"]) == (want["roleRef"], want["subjects"]), name
+        elif kind == "MutatingWebhookConfiguration":
+            assert got["webhooks"] == want["webhooks"], name
+        elif kind == "Service":
+            assert got["spec"]["ports"] == want["spec"]["ports"], name
+            assert want["spec"]["selector"].items() <= got["spec"]["selector"].items(), name
+        elif kind == "Deployment":
+            assert got["spec"]["template"]["spec"] == want["spec"]["template"]["spec"]
+            assert got["spec"]["replicas"] == want["spec"]["replicas"]
+            assert want["metadata"]["labels"].items() <= got["metadata"]["labels"].items()
+        else:
+            assert _without_helm_metadata(got) == _without_helm_metadata(want), name
+
+
+# --- on the real API server ---------------------------------------------------------------
+
+
+def test_default_render_applies_with_server_side_dry_run(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    manifest = render_chart("lumigo", namespace)
+    out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
+    assert "deployment.apps/lumigo-lumigo-operator-controller-manager created" in out
+    assert "mutatingwebhookconfiguration.admissionregistration.k8s.io/" in out
+    # Nothing was persisted.
+    deployment = "lumigo-lumigo-operator-controller-manager"
+    assert not exists(cluster, "deployment", deployment, "-n", namespace)
+
+
+def test_long_release_name_gives_valid_object_names(cluster: LocalCluster, namespace: str) -> None:
+    manifest = render_chart("lumigo-production-eu-west-1-tracing", namespace)
+    services = [d for d in load_docs(manifest) if d["kind"] == "Service"]
+    assert services
+    assert all(len(s["metadata"]["name"]) <= 63 for s in services)
+    cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
+
+
+def test_non_default_render_applies_with_server_side_dry_run(
+    cluster: LocalCluster, crd: Path, namespace: str
+) -> None:
+    manifest = render_chart("lumigo", namespace, non_default_values(namespace))
+    out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
+    assert "deployment.apps/acme-tracing-controller-manager" in out
+    assert "lumigo.operator.lumigo.io/lumigo" in out
+    assert "secret/my-lumigo-token" in out
+    assert TOKEN not in out
+
+
+# --- install on the full local cluster ----------------------------------------------------
+
+
+@pytest.fixture
+def release(full_cluster: LocalCluster) -> Iterator[HelmRelease]:
+    """A release `lumigo` in its own restricted namespace; removed whatever the test did."""
+    with restricted_namespace(full_cluster, f"t-helm-{uuid.uuid4().hex[:5]}") as namespace:
+        rel = HelmRelease(full_cluster, "lumigo", namespace)
+        try:
+            yield rel
+        finally:
+            rel.force_cleanup()
+
+
+def test_helm_install_upgrade_uninstall(full_cluster: LocalCluster, release: HelmRelease) -> None:
+    cluster, ns, fullname = full_cluster, release.namespace, release.fullname
+    out = release.install()
+    assert "STATUS: deployed" in out
+    assert "kubectl get pods -n " + ns in out
+
+    crd = get_json(cluster, "crd", CRD_NAME)
+    conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert conditions["Established"] == "True"
+    assert deployment_available(cluster, ns, f"{fullname}-controller-manager")
+    deployment = get_json(cluster, "deployment", f"{fullname}-controller-manager", "-n", ns)
+    assert deployment["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    pods = get_json(cluster, "pods", "-n", ns, "-l", "control-plane=controller-manager")["items"]
+    assert pods, "the restricted namespace admitted the manager pod"
+    assert all(p["metadata"]["labels"]["lumigo.auto-trace"] == "false" for p in pods)
+
+    injector_name = f"{fullname}-injector-webhook-configuration"
+    injector = get_json(cluster, "mutatingwebhookconfiguration", injector_name)
+    defaulter = get_json(
+        cluster, "mutatingwebhookconfiguration", f"{fullname}-defaulter-webhook-configuration"
+    )
+    (inject,) = injector["webhooks"]
+    (default,) = defaulter["webhooks"]
+    assert (inject["name"], inject["clientConfig"]["service"]["path"]) == (
+        "lumigoinjector.kb.io", "/v1alpha1/inject"
+    )  # fmt: skip
+    assert (inject["failurePolicy"], inject["timeoutSeconds"], inject["sideEffects"]) == (
+        "Ignore", 5, "None"
+    )  # fmt: skip
+    assert (default["name"], default["clientConfig"]["service"]["path"]) == (
+        "lumigodefaulter.kb.io", "/v1alpha1/mutate"
+    )  # fmt: skip
+    assert (default["failurePolicy"], default["timeoutSeconds"]) == ("Fail", 5)
+    assert inject["clientConfig"]["service"]["name"] == f"{fullname}-webhooks-service"
+    assert not exists(cluster, "secret", f"{fullname}-lumigo-injector-webhook-certs", "-n", ns), (
+        "the serving certificate is the operator's to create, not Helm's"
+    )
+
+    # A caBundle written by the operator survives `helm upgrade` (Helm never sets that field).
+    bundle = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="
+    cluster.kubectl(
+        "patch", "mutatingwebhookconfiguration", injector_name,
+        "--type=json", "-p",
+        json.dumps([{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}]),
+    )  # fmt: skip
+    out = release.helm(
+        "upgrade", release.name, str(CHART), "--wait", "--timeout", "180s",
+        "--set", "controllerManager.replicas=2",
+    ).stdout  # fmt: skip
+    assert "STATUS: deployed" in out
+    wait_until(
+        lambda: get_json(cluster, "deployment", f"{fullname}-controller-manager", "-n", ns)
+        .get("status", {}).get("availableReplicas") == 2,
+        120, "2 available replicas after the upgrade",
+    )  # fmt: skip
+    injector = get_json(cluster, "mutatingwebhookconfiguration", injector_name)
+    assert injector["webhooks"][0]["clientConfig"].get("caBundle") == bundle
+    assert exists(cluster, "crd", CRD_NAME)
+
+    out = release.uninstall()
+    assert "uninstalled" in out
+    # The pre-delete hook Job ran to completion (kwok completes its pod; the uninstall logic
+    # itself is tested as a local process) and, having succeeded, was removed with its RBAC;
+    # then Helm removed everything else but the CRD.
+    selector = f"involvedObject.kind=Job,involvedObject.name={fullname}-uninstall-hook"
+    hook_events = get_json(cluster, "events", "-n", ns, "--field-selector", selector)["items"]
+    assert "Completed" in {e["reason"] for e in hook_events}
+    assert not exists(cluster, "job", f"{fullname}-uninstall-hook", "-n", ns)
+    assert not exists(cluster, "serviceaccount", f"{fullname}-uninstall-hook", "-n", ns)
+    assert release.cluster_scoped_leftovers() == []
+    assert not exists(cluster, "deployment", f"{fullname}-controller-manager", "-n", ns)
+    assert not exists(cluster, "serviceaccount", "lumigo-kubernetes-operator", "-n", ns)
+    assert exists(cluster, "crd", CRD_NAME), "the CRD (and users' Lumigo resources) is kept"

@@ -1,0 +1,360 @@
+"""The OLM bundle and catalog, checked by the ecosystem's own tools; a real Subscription install.
+
+- `operator-sdk bundle validate --select-optional suite=operatorframework`: no error, no warning.
+- The six scorecard built-ins: `operator-sdk scorecard` runs them as pods (it needs a kubelet and
+  image pulls), so we run the very binary of their image, scorecard-test, which reads the bundle
+  from the hard-coded /bundle: it runs chrooted (`unshare --root`) in a directory holding only
+  itself and a copy of bundle/, so no path outside the test's temporary directory is touched.
+- `opm validate catalog/`, and the catalog is what `make catalog` generates.
+- OLM v0's olm and catalog operators as local processes, `opm serve catalog/`, a CatalogSource
+  with spec.address, an OperatorGroup and a Subscription: the CSV reaches Succeeded and OLM has
+  created the Deployment (kwok runs its pod), the webhook Service/Secret and both webhooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from localcluster import LocalCluster, Process, free_port, wait_until
+from tests.e2e.packaging_support import (
+    BIN,
+    CRD_NAME,
+    ROOT,
+    deployment_available,
+    exists,
+    get_json,
+    load_file,
+    run,
+    tool,
+)
+
+PACKAGE = "lumigo-operator"
+CSV_NAME = "lumigo-operator.v0.1.0"
+DEPLOYMENT = "lumigo-lumigo-operator-controller-manager"
+SCORECARD_TESTS = [
+    "basic-check-spec",
+    "olm-bundle-validation",
+    "olm-crds-have-validation",
+    "olm-crds-have-resources",
+    "olm-spec-descriptors",
+    "olm-status-descriptors",
+]
+
+
+# --- static validation by the ecosystem's tools -------------------------------------------
+
+
+def test_operator_sdk_bundle_validate_has_no_errors_and_no_warnings() -> None:
+    proc = run(
+        [
+            tool("operator-sdk"), "bundle", "validate", str(ROOT / "bundle"),
+            "--select-optional", "suite=operatorframework", "-o", "json-alpha1",
+        ],
+        check=False,
+    )  # fmt: skip
+    report = json.loads(proc.stdout)
+    assert report["passed"] is True, proc.stdout + proc.stderr
+    assert not report["outputs"], f"errors or warnings: {json.dumps(report['outputs'], indent=2)}"
+    assert proc.returncode == 0
+
+
+def test_scorecard_config_lists_the_six_tests() -> None:
+    (config,) = load_file(ROOT / "bundle" / "tests" / "scorecard" / "config.yaml")
+    tests = [t for stage in config["stages"] for t in stage["tests"]]
+    assert [t["entrypoint"] for t in tests] == [
+        ["scorecard-test", name] for name in SCORECARD_TESTS
+    ]
+    for test in tests:
+        assert test["image"].startswith("quay.io/operator-framework/scorecard-test:v")
+        assert test["labels"]["test"] == f"{test['entrypoint'][1]}-test"
+    annotations = load_file(ROOT / "bundle" / "metadata" / "annotations.yaml")[0]["annotations"]
+    assert annotations["operators.operatorframework.io.test.config.v1"] == "tests/scorecard/"
+
+
+def run_scorecard_test(name: str, bundle: Path, workdir: Path) -> dict[str, Any]:
+    """One built-in scorecard test against `bundle`, seen by the binary as /bundle."""
+    root = workdir / "root"
+    root.mkdir()
+    shutil.copytree(bundle, root / "bundle")
+    shutil.copy2(os.path.realpath(tool("scorecard-test")), root / "scorecard-test")
+    prefix = ["unshare", "--root", str(root)]
+    if os.geteuid() != 0:  # a user namespace grants chroot to an unprivileged user
+        prefix = ["unshare", "--user", "--map-root-user", "--root", str(root)]
+    proc = subprocess.run([*prefix, "/scorecard-test", name], capture_output=True, text=True)
+    if proc.returncode != 0 and not proc.stdout.strip():
+        raise AssertionError(
+            f"cannot run scorecard-test chrooted ({' '.join(prefix)}): {proc.stderr}\n"
+            "it needs root or unprivileged user namespaces (kernel.unprivileged_userns_clone=1)"
+        )
+    status: dict[str, Any] = json.loads(proc.stdout)
+    return status
+
+
+@pytest.mark.parametrize("name", SCORECARD_TESTS)
+def test_scorecard_builtin_passes(name: str, tmp_path: Path) -> None:
+    status = run_scorecard_test(name, ROOT / "bundle", tmp_path)
+    (result,) = status["results"]
+    assert result["name"] == name
+    assert result["state"] == "pass", json.dumps(result, indent=2)
+    assert not result.get("errors")
+
+
+def test_scorecard_spec_descriptors_fails_on_a_bundle_missing_one(tmp_path: Path) -> None:
+    """The scorecard harness is not vacuous: a descriptor removed makes its test fail."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(ROOT / "bundle", bundle)
+    csv_path = bundle / "manifests" / f"{PACKAGE}.clusterserviceversion.yaml"
+    csv = yaml.safe_load(csv_path.read_text())
+    owned = csv["spec"]["customresourcedefinitions"]["owned"][0]
+    owned["specDescriptors"] = [d for d in owned["specDescriptors"] if d["path"] != "lumigoToken"]
+    csv_path.write_text(yaml.safe_dump(csv))
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (result,) = run_scorecard_test("olm-spec-descriptors", bundle, workdir)["results"]
+    assert result["state"] == "fail"
+    assert "lumigoToken" in json.dumps(result)
+
+
+def test_opm_validate_catalog_and_catalog_is_generated() -> None:
+    run([tool("opm"), "validate", str(ROOT / "catalog")])
+    proc = run([sys.executable, str(ROOT / "hack" / "gen-catalog"), "--check"], check=False)
+    assert proc.returncode == 0, proc.stderr
+    blobs = load_file(ROOT / "catalog" / PACKAGE / "catalog.yaml")
+    schemas = [b["schema"] for b in blobs]
+    assert schemas == ["olm.package", "olm.channel", "olm.bundle"]
+    package, channel, bundle = blobs
+    assert package["defaultChannel"] == channel["name"] == "stable"
+    assert channel["entries"] == [{"name": CSV_NAME}]
+    assert bundle["name"] == CSV_NAME
+    assert bundle["image"] == "", "bundle objects travel in the catalog: no bundle image to pull"
+    assert {p["type"] for p in bundle["properties"]} >= {
+        "olm.package",
+        "olm.gvk",
+        "olm.bundle.object",
+    }
+
+
+# --- the OLM Subscription install ---------------------------------------------------------
+
+
+@dataclass
+class LocalOlm:
+    cluster: LocalCluster
+    olm_namespace: str
+    operator_namespace: str
+    catalog_address: str
+
+
+def _started(cluster: LocalCluster, name: str, args: list[str], env: dict[str, str]) -> Process:
+    # localcluster.Process passes no environment: env(1) sets it, then execs the tool in place,
+    # so the process group that Process.stop() signals is the tool's.
+    assignments = [f"{k}={v}" for k, v in env.items()]
+    proc = Process(
+        name, ["/usr/bin/env", *assignments, *args], cluster.workdir / "logs" / f"{name}.log"
+    )
+    proc.start()
+    return proc
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _install_olm_crds(cluster: LocalCluster) -> None:
+    crds = sorted((BIN / "helm-olm-crds").glob("*.yaml"))
+    assert crds, "bin/helm-olm-crds is missing: run `hack/install-tools packaging`"
+    for path in crds:  # server-side: the CSV CRD is too large for the last-applied annotation
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    for path in crds:
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+
+
+def _olm_owned(cluster: LocalCluster, operator_namespace: str) -> list[str]:
+    """Cluster-scoped objects OLM created for the operator installed in `operator_namespace`."""
+    out = cluster.kubectl(
+        "get", "mutatingwebhookconfigurations,clusterroles,clusterrolebindings",
+        "-l", f"olm.owner.namespace={operator_namespace}", "-o", "name",
+    )  # fmt: skip
+    return out.split()
+
+
+@pytest.fixture
+def local_olm(full_cluster: LocalCluster) -> Iterator[LocalOlm]:
+    """OLM's olm and catalog operators and `opm serve catalog/`, as local processes.
+
+    Afterwards every object OLM made for the operator is gone (its defaulter webhook has
+    failurePolicy Fail and would break every later test that creates a Lumigo)."""
+    cluster = full_cluster
+    suffix = uuid.uuid4().hex[:5]
+    olm_ns, operator_ns = f"t-olm-{suffix}", f"t-olm-operators-{suffix}"
+    _install_olm_crds(cluster)
+    cluster.kubectl("create", "namespace", olm_ns)
+    cluster.kubectl("create", "namespace", operator_ns)
+    # No copies of the CSV in every namespace of the (shared) cluster.
+    olm_config = {
+        "apiVersion": "operators.coreos.com/v1",
+        "kind": "OLMConfig",
+        "metadata": {"name": "cluster"},
+        "spec": {"features": {"disableCopiedCSVs": True}},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(olm_config))
+    port = free_port()
+    env = {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "OPERATOR_NAMESPACE": olm_ns,
+        "OPERATOR_NAME": "olm-operator",
+    }
+    processes: list[Process] = []
+    try:
+        processes.append(
+            _started(
+                cluster, "olm",
+                [tool("olm"), "--namespace", olm_ns, "--writeStatusName", "",
+                 "--writePackageServerStatusName", ""],
+                env,
+            )
+        )  # fmt: skip
+        processes.append(
+            _started(
+                cluster, "catalog",
+                [tool("catalog"), "--kubeconfig", str(cluster.kubeconfig), "--namespace", olm_ns,
+                 "--writeStatusName", ""],
+                env,
+            )
+        )  # fmt: skip
+        processes.append(
+            _started(
+                cluster, "opm-serve",
+                [tool("opm"), "serve", str(ROOT / "catalog"), "--port", str(port),
+                 "--pprof-addr", f"127.0.0.1:{free_port()}",
+                 "--termination-log", str(cluster.workdir / "logs" / "opm-serve.termination")],
+                env,
+            )
+        )  # fmt: skip
+
+        def serving() -> bool:
+            for proc in processes:
+                if not proc.alive():
+                    raise AssertionError(f"{proc.name} exited:\n{proc.log_tail()}")
+            return _port_open(port)
+
+        wait_until(serving, 60, "opm serve to listen")
+        yield LocalOlm(cluster, olm_ns, operator_ns, f"127.0.0.1:{port}")
+    finally:
+        # Let OLM itself tear down what it made, while it still runs; then make sure.
+        cluster.kubectl(
+            "delete", "subscriptions,csv,operatorgroups", "--all", "-n", operator_ns, check=False
+        )
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: not _olm_owned(cluster, operator_ns), 60, "OLM to clean up")
+        for proc in reversed(processes):
+            proc.stop()
+        for leftover in _olm_owned(cluster, operator_ns):
+            cluster.kubectl("delete", leftover, "--ignore-not-found", check=False)
+        cluster.kubectl("delete", "olmconfig", "cluster", "--ignore-not-found", check=False)
+        for ns in (operator_ns, olm_ns):
+            cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
+
+
+def csv_phase(cluster: LocalCluster, namespace: str) -> str:
+    items = get_json(cluster, "csv", "-n", namespace)["items"]
+    return str(items[0].get("status", {}).get("phase", "")) if items else ""
+
+
+def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
+    cluster, olm_ns, ns = local_olm.cluster, local_olm.olm_namespace, local_olm.operator_namespace
+    manifests = [
+        {
+            "apiVersion": "operators.coreos.com/v1alpha1",
+            "kind": "CatalogSource",
+            "metadata": {"name": "lumigo", "namespace": olm_ns},
+            "spec": {
+                "sourceType": "grpc",
+                "address": local_olm.catalog_address,
+                "displayName": "Lumigo",
+                "publisher": "Lumigo",
+            },
+        },
+        {
+            "apiVersion": "operators.coreos.com/v1",
+            "kind": "OperatorGroup",
+            "metadata": {"name": "lumigo", "namespace": ns},
+            "spec": {},  # AllNamespaces, the only install mode the CSV supports
+        },
+        {
+            "apiVersion": "operators.coreos.com/v1alpha1",
+            "kind": "Subscription",
+            "metadata": {"name": PACKAGE, "namespace": ns},
+            "spec": {
+                "channel": "stable",
+                "name": PACKAGE,
+                "source": "lumigo",
+                "sourceNamespace": olm_ns,
+                "installPlanApproval": "Automatic",
+            },
+        },
+    ]
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests))
+
+    def catalog_ready() -> bool:
+        source = get_json(cluster, "catalogsource", "lumigo", "-n", olm_ns)
+        state = source.get("status", {}).get("connectionState", {})
+        return state.get("lastObservedState") == "READY"
+
+    wait_until(catalog_ready, 120, "the CatalogSource to connect to opm serve")
+    wait_until(lambda: csv_phase(cluster, ns) == "Succeeded", 240, f"CSV {CSV_NAME} Succeeded")
+
+    csv = get_json(cluster, "csv", CSV_NAME, "-n", ns)
+    for requirement in csv["status"]["requirementStatus"]:
+        assert requirement["status"] in ("Present", "Satisfied"), requirement
+    assert exists(cluster, "crd", CRD_NAME)
+
+    # The operator Deployment OLM created, running with OLM-managed certificates.
+    assert deployment_available(cluster, ns, DEPLOYMENT)
+    deployment = get_json(cluster, "deployment", DEPLOYMENT, "-n", ns)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--cert-mode=files" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--cert-secret")]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp/k8s-webhook-server/serving-certs" in mounts
+    assert deployment["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    assert "olmcahash" in deployment["spec"]["template"]["metadata"]["annotations"]
+
+    # OLM's webhook plumbing: serving Secret + Service for the deployment, both webhooks with a
+    # caBundle, the paths and policies of the bundle's webhookdefinitions.
+    assert exists(cluster, "secret", f"{DEPLOYMENT}-service-cert", "-n", ns)
+    service = get_json(cluster, "service", f"{DEPLOYMENT}-service", "-n", ns)
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(443, 9443)]
+    configs = get_json(cluster, "mutatingwebhookconfigurations", "-l", f"olm.owner.namespace={ns}")[
+        "items"
+    ]
+    webhooks = {w["name"].split("-")[0]: w for c in configs for w in c["webhooks"]}
+    assert set(webhooks) == {"lumigoinjector.kb.io", "lumigodefaulter.kb.io"}
+    inject, default = webhooks["lumigoinjector.kb.io"], webhooks["lumigodefaulter.kb.io"]
+    assert inject["clientConfig"]["service"]["path"] == "/v1alpha1/inject"
+    assert inject["failurePolicy"] == "Ignore"
+    assert default["clientConfig"]["service"]["path"] == "/v1alpha1/mutate"
+    assert default["failurePolicy"] == "Fail"
+    for webhook in webhooks.values():
+        assert webhook["clientConfig"]["caBundle"]
+        assert webhook["clientConfig"]["service"]["name"] == f"{DEPLOYMENT}-service"
+        assert webhook["timeoutSeconds"] == 5

@@ -1,0 +1,133 @@
+"""The chart's RBAC on the real API server: what the operator may and may not do.
+
+The chart's rules are config/rbac's (test_packaging_helm checks they are equal), rendered here for
+a release in the test's namespace; every check impersonates the ServiceAccount and asks the API
+server itself, including the name-limited list/watch that the manager's certificate code and
+leader election rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from localcluster import LocalCluster
+from tests.e2e.packaging_support import load_docs, render_chart
+
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+@dataclass
+class Rbac:
+    cluster: LocalCluster
+    namespace: str
+    fullname: str
+
+    def can(self, *args: str, sa: str = "lumigo-kubernetes-operator") -> bool:
+        """`kubectl auth can-i` as the ServiceAccount."""
+        out = self.cluster.kubectl(
+            "auth", "can-i", *args, f"--as=system:serviceaccount:{self.namespace}:{sa}",
+            check=False,
+        )  # fmt: skip
+        return out.strip().splitlines()[0] == "yes"
+
+    def request(self, *args: str) -> str:
+        """A real request as the operator: '' when allowed, else the error text."""
+        out = self.cluster.kubectl(
+            *args, f"--as=system:serviceaccount:{self.namespace}:lumigo-kubernetes-operator",
+            "--request-timeout=5s", check=False,
+        )  # fmt: skip
+        return out if "Forbidden" in out or "forbidden" in out else ""
+
+
+@pytest.fixture
+def rbac(cluster: LocalCluster, crd: Path, namespace: str) -> Iterator[Rbac]:
+    """The chart's ServiceAccounts and RBAC (hooks included) for a release in `namespace`; the
+    CRD is installed so that kubectl can resolve `lumigoes`."""
+    release = f"r{uuid.uuid4().hex[:5]}"
+    docs = [d for d in load_docs(render_chart(release, namespace)) if d["kind"] in RBAC_KINDS]
+    manifest = "\n---\n".join(json.dumps(d) for d in docs)
+    cluster.kubectl("apply", "-f", "-", input=manifest)
+    try:
+        yield Rbac(cluster, namespace, f"{release}-lumigo-operator")
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=manifest, check=False)
+
+
+def test_token_secrets_can_be_read_by_name_but_never_listed_or_watched(rbac: Rbac) -> None:
+    assert rbac.can("get", "secrets/lumigo-credentials", "-n", "some-app")
+    assert not rbac.can("list", "secrets", "-n", "some-app")
+    assert not rbac.can("watch", "secrets", "-n", "some-app")
+    assert not rbac.can("list", "secrets", "--all-namespaces")
+    assert not rbac.can("update", "secrets/lumigo-credentials", "-n", "some-app")
+    assert not rbac.can("delete", "secrets/lumigo-credentials", "-n", "some-app")
+
+
+def test_the_certificate_secret_is_managed_by_name_in_the_own_namespace(rbac: Rbac) -> None:
+    ns, cert = rbac.namespace, f"{rbac.fullname}-lumigo-injector-webhook-certs"
+    assert rbac.can("create", "secrets", "-n", ns)
+    assert rbac.can("update", f"secrets/{cert}", "-n", ns)
+    assert not rbac.can("update", "secrets/someone-else", "-n", ns)
+    assert not rbac.can("create", "secrets", "-n", "some-app")
+    # A list/watch limited by a metadata.name field selector is authorized by the name...
+    selector = f"metadata.name={cert}"
+    assert rbac.request("get", "secrets", "-n", ns, "--field-selector", selector) == ""
+    assert rbac.request("get", "secrets", "-n", ns, "--field-selector", selector,
+                        "--watch", "--request-timeout=1s") == ""  # fmt: skip
+    # ...and without it, refused.
+    assert "forbidden" in rbac.request("get", "secrets", "-n", ns).lower()
+
+
+def test_webhook_configurations_only_the_operators_own(rbac: Rbac) -> None:
+    own = f"{rbac.fullname}-injector-webhook-configuration"
+    assert rbac.can("patch", f"mutatingwebhookconfigurations/{own}")
+    assert rbac.can(
+        "get", f"mutatingwebhookconfigurations/{rbac.fullname}-defaulter-webhook-configuration"
+    )
+    assert not rbac.can("patch", "mutatingwebhookconfigurations/someone-else")
+    assert not rbac.can("create", "mutatingwebhookconfigurations")
+    assert not rbac.can("delete", f"mutatingwebhookconfigurations/{own}")
+    selector = f"metadata.name={own}"
+    assert rbac.request("get", "mutatingwebhookconfigurations", "--field-selector", selector) == ""
+    assert "forbidden" in rbac.request("get", "mutatingwebhookconfigurations").lower()
+
+
+def test_leader_election_lease_in_the_own_namespace_only(rbac: Rbac) -> None:
+    ns = rbac.namespace
+    assert rbac.can("create", "leases.coordination.k8s.io", "-n", ns)
+    assert rbac.can("update", "leases.coordination.k8s.io/1447aab8.lumigo.io", "-n", ns)
+    assert not rbac.can("update", "leases.coordination.k8s.io/other", "-n", ns)
+    assert not rbac.can("create", "leases.coordination.k8s.io", "-n", "kube-system")
+
+
+def test_workloads_and_lumigoes(rbac: Rbac) -> None:
+    for resource in ("deployments.apps", "daemonsets.apps", "replicasets.apps",
+                     "statefulsets.apps", "cronjobs.batch", "jobs.batch"):  # fmt: skip
+        assert rbac.can("list", resource, "--all-namespaces"), resource
+        assert rbac.can("watch", resource, "--all-namespaces"), resource
+        assert rbac.can("update", resource, "-n", "some-app"), resource
+        assert rbac.can("patch", resource, "-n", "some-app"), resource
+        assert not rbac.can("delete", resource, "-n", "some-app"), resource
+        assert not rbac.can("create", resource, "-n", "some-app"), resource
+    assert rbac.can("watch", "lumigoes.operator.lumigo.io", "--all-namespaces")
+    assert rbac.can("update", "lumigoes.operator.lumigo.io", "--subresource=status", "-n", "a")
+    assert rbac.can("update", "lumigoes.operator.lumigo.io", "--subresource=finalizers", "-n", "a")
+    assert rbac.can("create", "events", "-n", "some-app")
+    assert not rbac.can("delete", "events", "-n", "some-app")
+    assert not rbac.can("create", "pods", "-n", "some-app")
+    assert not rbac.can("create", "customresourcedefinitions.apiextensions.k8s.io")
+
+
+def test_uninstall_hook_can_strip_workloads_but_read_no_secret(rbac: Rbac) -> None:
+    hook = f"{rbac.fullname}-uninstall-hook"
+    assert rbac.can("delete", "lumigoes.operator.lumigo.io", "-n", "a", sa=hook)
+    assert rbac.can("patch", "lumigoes.operator.lumigo.io", "-n", "a", sa=hook)
+    assert rbac.can("list", "namespaces", sa=hook)
+    assert rbac.can("update", "deployments.apps", "-n", "a", sa=hook)
+    assert not rbac.can("get", "secrets", "-n", "a", sa=hook)
+    assert not rbac.can("delete", "deployments.apps", "-n", "a", sa=hook)

@@ -1,0 +1,205 @@
+"""Kubernetes events and objects collection, end to end on a real API server.
+
+Lumigoes -> the reconciler renders the configuration into its Secret -> the real collector runs
+that configuration (as the rolled-out proxy pod would) -> OTLP logs at the upstream sink, each
+with its namespace's token. Deleting the Lumigo rolls the proxy to a configuration without that
+namespace, and collection stops.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.resources import DEPLOYMENTS, EVENTS, LUMIGOES, PODS, SECRETS
+from controller.informer import Informer
+from controller.kube import KubeClient
+from controller.telemetry_reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
+from localcluster import LocalCluster, wait_until
+from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
+from tests.support.otel import LogSeen, OTLPSink, local_settings, running_collector, running_sink
+
+JSON = dict[str, Any]
+RUN_LABEL = "tests.lumigo.io/run"
+
+
+@pytest.fixture
+def sink() -> Iterator[OTLPSink]:
+    with running_sink() as s:
+        yield s
+
+
+@pytest.fixture
+def namespaces(cluster: LocalCluster, crd: object) -> Iterator[dict[str, str]]:
+    """monitored, barrier (also monitored) and other (no Lumigo) namespaces."""
+    suffix = uuid.uuid4().hex[:6]
+    names = {role: f"t-events-{role}-{suffix}" for role in ("monitored", "barrier", "other")}
+    for name in names.values():
+        cluster.kubectl("create", "namespace", name)
+    try:
+        yield names
+    finally:
+        for name in names.values():
+            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def deployment(kube: KubeClient, namespace: str, name: str) -> None:
+    labels = {"app": name}
+    kube.create(
+        DEPLOYMENTS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+                },
+            },
+        },
+        namespace,
+    )
+
+
+def crash_looping_pod(kube: KubeClient, namespace: str, name: str) -> None:
+    """A Pod and the BackOff Event the kubelet posts when its container keeps failing."""
+    pod = kube.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+        },
+        namespace,
+    )
+    kube.create(
+        EVENTS,
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.backoff", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": name,
+                "namespace": namespace,
+                "uid": pod["metadata"]["uid"],
+                "fieldPath": "spec.containers{app}",
+            },
+            "reason": "BackOff",
+            "type": "Warning",
+            "message": "Back-off restarting failed container app in pod " + name,
+            "source": {"component": "kubelet"},
+            "count": 1,
+        },
+        namespace,
+    )
+
+
+def the_object(record: LogSeen) -> JSON:
+    """The Kubernetes object a k8s_objects record carries (watch events wrap it)."""
+    body = record.body if isinstance(record.body, dict) else {}
+    obj = body.get("object", body)
+    return obj if isinstance(obj, dict) else {}
+
+
+def seen(sink: OTLPSink, kind: str, name: str) -> list[LogSeen]:
+    return [
+        r
+        for r in sink.logs()
+        if the_object(r).get("kind") == kind
+        and (the_object(r).get("metadata") or {}).get("name") == name
+    ]
+
+
+def test_events_and_objects_collected_per_namespace_with_its_token(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    monitored, barrier, other = namespaces["monitored"], namespaces["barrier"], namespaces["other"]
+    tokens = {monitored: random_token(), barrier: random_token()}
+    for ns, token in tokens.items():
+        create_token_secret(kube, ns, token)
+        create_lumigo(kube, ns)
+        kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
+        set_active(kube, ns)
+    lumigoes = Informer(kube, LUMIGOES, label_selector=f"{RUN_LABEL}={run}")
+    lumigoes.start()
+    settings = local_settings(sink.url, namespace)
+    target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
+    reconciler = TelemetryProxyReconciler(kube, lumigoes, target, settings)
+
+    def stored_config() -> str:
+        secret = kube.get(SECRETS, target.secret_name, namespace)
+        return base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+
+    def active_seen() -> bool:
+        return sum(1 for o in lumigoes.store.list() if o.get("status")) == 2
+
+    try:
+        wait_until(active_seen, 30, "both active Lumigoes in the informer")
+        assert reconciler.sync()
+        first = tmp_path / "first"
+        first.mkdir()
+        with running_collector(stored_config(), first, settings.health_port, cluster.env()):
+            deployment(kube, monitored, "web")
+            crash_looping_pod(kube, monitored, "web-crash")
+            deployment(kube, other, "web-other")
+            crash_looping_pod(kube, other, "web-other-crash")
+            wait_until(
+                lambda: (
+                    seen(sink, "Deployment", "web") and seen(sink, "Event", "web-crash.backoff")
+                ),
+                90,
+                "the Deployment and the BackOff Event of the monitored namespace at the sink",
+            )
+            event = seen(sink, "Event", "web-crash.backoff")[0]
+            assert the_object(event)["reason"] == "BackOff"
+            assert the_object(event)["involvedObject"]["name"] == "web-crash"
+
+        records = sink.logs()
+        assert records
+        for record in records:
+            ns = record.resource.get("k8s.namespace.name")
+            obj_ns = (the_object(record).get("metadata") or {}).get("namespace")
+            assert ns in tokens, f"record from an unmonitored namespace: {ns}"
+            assert obj_ns == ns
+            assert record.authorization == f"LumigoToken {tokens[ns]}"
+        assert not seen(sink, "Deployment", "web-other")
+        assert not seen(sink, "Event", "web-other-crash.backoff")
+
+        # The Lumigo goes: the proxy rolls to a configuration without the namespace.
+        kube.delete(LUMIGOES, "lumigo", monitored)
+        wait_until(lambda: lumigoes.get(monitored, "lumigo") is None, 30, "the deletion")
+        assert reconciler.sync()
+        assert f"k8s_objects/{monitored}" not in stored_config()
+        before = len(sink.logs())
+        second = tmp_path / "second"
+        second.mkdir()
+        with running_collector(stored_config(), second, settings.health_port, cluster.env()):
+            deployment(kube, monitored, "web-after-deletion")
+            deployment(kube, barrier, "barrier")
+            wait_until(
+                lambda: seen(sink, "Deployment", "barrier"),
+                90,
+                "the barrier namespace's Deployment (collection still runs there)",
+            )
+        assert not seen(sink, "Deployment", "web-after-deletion")
+        assert all(r.resource.get("k8s.namespace.name") == barrier for r in sink.logs()[before:])
+    finally:
+        lumigoes.stop()

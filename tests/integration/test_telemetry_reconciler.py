@@ -1,0 +1,246 @@
+"""The proxy configuration reconciler against a real API server.
+
+It renders from the Lumigo informer, writes a Secret (never a ConfigMap) and rolls the proxy
+Deployment through a pod-template annotation, only when the rendered content changes.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from api.resources import CONFIGMAPS, DEPLOYMENTS, LUMIGOES, SECRETS, ApiError
+from controller.informer import Informer
+from controller.kube import KubeClient
+from controller.telemetry_config import ProxySettings
+from controller.telemetry_reconciler import (
+    CONFIG_HASH_ANNOTATION,
+    CONFIG_KEY,
+    ProxyTarget,
+    TelemetryProxyReconciler,
+    config_hash,
+)
+from localcluster import LocalCluster, wait_until
+from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
+
+PROXY = "lumigo-telemetry-proxy"
+PROXY_SECRET = "lumigo-telemetry-proxy-config"
+
+
+@pytest.fixture
+def monitored(cluster: LocalCluster, crd: object) -> Iterator[str]:
+    """The namespace with the Lumigo (the `namespace` fixture plays the operator's)."""
+    name = f"t-monitored-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def informer(kube: KubeClient, monitored: str) -> Iterator[Informer]:
+    """Lumigoes of the monitored namespace only, so other tests' objects cannot interfere."""
+    lumigoes = Informer(kube, LUMIGOES, namespace=monitored)
+    lumigoes.start()
+    try:
+        assert lumigoes.wait_for_sync(30)
+        yield lumigoes
+    finally:
+        lumigoes.stop()
+
+
+def proxy_deployment(kube: KubeClient, namespace: str) -> None:
+    labels = {"app": PROXY}
+    kube.create(
+        DEPLOYMENTS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": PROXY, "namespace": namespace},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "otelcol", "image": "otelcol:test"}]},
+                },
+            },
+        },
+        namespace,
+    )
+
+
+def stored_config(kube: KubeClient, namespace: str) -> tuple[str, str]:
+    """(config text, Secret resourceVersion)."""
+    secret = kube.get(SECRETS, PROXY_SECRET, namespace)
+    text = base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+    return text, secret["metadata"]["resourceVersion"]
+
+
+def rollout_hash(kube: KubeClient, namespace: str) -> str | None:
+    deployment = kube.get(DEPLOYMENTS, PROXY, namespace)
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations") or {}
+    return annotations.get(CONFIG_HASH_ANNOTATION)
+
+
+def receivers(text: str) -> set[str]:
+    return set(yaml.safe_load(text)["receivers"])
+
+
+def make(kube: KubeClient, informer: Informer, namespace: str) -> TelemetryProxyReconciler:
+    return TelemetryProxyReconciler(
+        kube,
+        informer,
+        ProxyTarget(namespace, PROXY_SECRET, PROXY),
+        ProxySettings(cluster_name="it"),
+        resync_period=1.0,
+    )
+
+
+def wait_in_cache(informer: Informer, namespace: str, check: object) -> None:
+    def seen() -> bool:
+        obj = informer.get(namespace, "lumigo")
+        return bool(obj is not None and callable(check) and check(obj))
+
+    wait_until(seen, 30, "the informer to see the Lumigo change")
+
+
+def test_config_lives_in_a_secret_and_rolls_the_proxy_only_on_change(
+    kube: KubeClient,
+    informer: Informer,
+    namespace: str,
+    monitored: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    token = random_token()
+    proxy_deployment(kube, namespace)
+    create_token_secret(kube, monitored, token)
+    create_lumigo(kube, monitored)
+    set_active(kube, monitored)
+    wait_in_cache(informer, monitored, lambda o: bool(o.get("status")))
+    reconciler = make(kube, informer, namespace)
+
+    assert reconciler.sync() is True
+    text, version = stored_config(kube, namespace)
+    assert f"k8s_objects/{monitored}" in receivers(text)
+    assert f"LumigoToken {token}" in text
+    first_hash = rollout_hash(kube, namespace)
+    assert first_hash == config_hash(text)
+    owner = kube.get(SECRETS, PROXY_SECRET, namespace)["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["uid"]
+    generation = kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["generation"]
+
+    # The token is in no ConfigMap of the cluster and in no log line.
+    configmaps, _ = kube.list(CONFIGMAPS)
+    assert token not in json.dumps(configmaps)
+    assert token not in caplog.text
+
+    # Nothing changed: nothing written, nothing restarted.
+    assert reconciler.sync() is False
+    assert stored_config(kube, namespace)[1] == version
+    assert kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["generation"] == generation
+
+    # A change the configuration does not depend on changes nothing either.
+    kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {"team": "a"}}}, monitored)
+    wait_in_cache(informer, monitored, lambda o: o["metadata"].get("labels", {}).get("team"))
+    assert reconciler.sync() is False
+    assert stored_config(kube, namespace)[1] == version
+
+    # kubeEvents disabled: the namespace's pipeline goes, the proxy rolls once.
+    patch = {"spec": {"infrastructure": {"kubeEvents": {"enabled": False}}}}
+    kube.merge_patch(LUMIGOES, "lumigo", patch, monitored)
+    wait_in_cache(
+        informer,
+        monitored,
+        lambda o: o["spec"]["infrastructure"]["kubeEvents"]["enabled"] is False,
+    )
+    assert reconciler.sync() is True
+    text, _ = stored_config(kube, namespace)
+    assert f"k8s_objects/{monitored}" not in receivers(text)
+    assert token not in text
+    assert rollout_hash(kube, namespace) == config_hash(text) != first_hash
+    assert kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["generation"] == generation + 1
+
+
+def test_inactive_lumigo_and_unusable_token_are_left_out_until_fixed(
+    kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    proxy_deployment(kube, namespace)
+    create_lumigo(kube, monitored)
+    wait_in_cache(informer, monitored, lambda o: True)
+    reconciler = make(kube, informer, namespace)
+
+    reconciler.sync()  # not active yet
+    assert f"k8s_objects/{monitored}" not in receivers(stored_config(kube, namespace)[0])
+
+    set_active(kube, monitored)  # active, but its Secret does not exist
+    wait_in_cache(informer, monitored, lambda o: bool(o.get("status")))
+    reconciler.sync()
+    assert f"k8s_objects/{monitored}" not in receivers(stored_config(kube, namespace)[0])
+
+    token = random_token()
+    create_token_secret(kube, monitored, token + "\n")  # `echo` without -n: a trailing newline
+    assert reconciler.sync() is True  # Secrets are not watched: the next (re)sync picks it up
+    text = stored_config(kube, namespace)[0]
+    assert f"k8s_objects/{monitored}" in receivers(text)
+    exporter = yaml.safe_load(text)["exporters"][f"otlp_http/ns-{monitored}"]
+    assert exporter["headers"]["Authorization"] == f"LumigoToken {token}"
+
+
+def test_loop_follows_changes_and_stops_collection_on_deletion(
+    kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    proxy_deployment(kube, namespace)
+    create_token_secret(kube, monitored, random_token())
+    create_lumigo(kube, monitored, finalizers=["tests.lumigo.io/hold"])
+    reconciler = make(kube, informer, namespace)
+    reconciler.start()
+    try:
+
+        def collected() -> bool:
+            try:
+                text = stored_config(kube, namespace)[0]
+            except Exception:
+                return False
+            return f"k8s_objects/{monitored}" in receivers(text)
+
+        set_active(kube, monitored)
+        wait_until(collected, 30, "the namespace to be collected")
+        assert rollout_hash(kube, namespace) == config_hash(stored_config(kube, namespace)[0])
+
+        # Deleting: the object still exists (finalizer) but collection stops at once.
+        kube.delete(LUMIGOES, "lumigo", monitored)
+        wait_until(lambda: not collected(), 30, "collection to stop on deletion")
+        wait_until(
+            lambda: rollout_hash(kube, namespace) == config_hash(stored_config(kube, namespace)[0]),
+            30,
+            "the proxy to roll to the new configuration",
+        )
+        assert reconciler.healthy()
+    finally:
+        reconciler.stop()
+        with contextlib.suppress(ApiError):
+            kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"finalizers": None}}, monitored)
+
+
+def test_missing_proxy_deployment_is_not_an_error(
+    kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    reconciler = make(kube, informer, namespace)
+    assert reconciler.sync() is True  # the Secret is written; there is nothing to roll
+    text, _ = stored_config(kube, namespace)
+    assert "otlp_http/lumigo" in yaml.safe_load(text)["exporters"]
+    assert reconciler.sync() is False
+    # Once the Deployment exists, the next pass rolls it to the stored configuration.
+    proxy_deployment(kube, namespace)
+    assert reconciler.sync() is True
+    assert rollout_hash(kube, namespace) == config_hash(text)

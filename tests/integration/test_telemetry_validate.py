@@ -1,0 +1,47 @@
+"""The rendered configuration is valid for the real collector (its own `validate` command)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from controller.telemetry_config import MonitoredNamespace, ProxySettings, render
+from tests.support.otel import COLLECTOR
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+@pytest.mark.parametrize("cluster_name", ["", "prod-eu"])
+def test_rendered_config_passes_collector_validate(
+    count: int, cluster_name: str, tmp_path: Path
+) -> None:
+    namespaces = [MonitoredNamespace(f"team-{i}", f"uid-{i}", f"t_{i:021x}") for i in range(count)]
+    config = tmp_path / "config.yaml"
+    settings = ProxySettings(
+        cluster_name=cluster_name,
+        upstream_logs_endpoint="https://logs.example.com/v1/logs" if cluster_name else "",
+    )
+    config.write_text(render(namespaces, settings))
+    result = subprocess.run(
+        [str(COLLECTOR), "validate", f"--config={config}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_validate_rejects_a_broken_config(tmp_path: Path) -> None:
+    """Guards the test above: `validate` really checks component settings."""
+    config = tmp_path / "config.yaml"
+    text = render([MonitoredNamespace("a", "u", "t_0123456789abcdef01234")], ProxySettings())
+    config.write_text(text.replace("mode: watch", "mode: sometimes"))
+    result = subprocess.run(
+        [str(COLLECTOR), "validate", f"--config={config}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "invalid mode" in result.stdout + result.stderr

@@ -1,0 +1,344 @@
+"""Test helpers for the telemetry proxy: a real OTLP/HTTP sink and a collector process.
+
+The sink is what the proxy exports to: it decodes every OTLP/HTTP protobuf request with the
+official opentelemetry-proto messages and keeps the request headers next to the payload, so a
+test can check both what arrived and with which `Authorization`. The collector is the binary
+`hack/install-tools otelcol` builds, run as a process with a rendered configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import http.server
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from controller.telemetry_config import ProxySettings
+from localcluster import _die_with_parent, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+COLLECTOR = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin")) / "otelcol-lumigo"
+
+
+def attrs(kvs: Any) -> dict[str, Any]:
+    """OTLP KeyValue list -> plain dict (strings, ints, bools; others as their text form)."""
+    out: dict[str, Any] = {}
+    for kv in kvs:
+        out[kv.key] = any_value(kv.value)
+    return out
+
+
+def any_value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "kvlist_value":
+        return attrs(value.kvlist_value.values)
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+def local_settings(upstream: str, lease_namespace: str, **overrides: Any) -> ProxySettings:
+    """Settings for a collector run as a local process: loopback ports, kubeconfig auth."""
+    values: dict[str, Any] = {
+        "upstream_endpoint": upstream,
+        "kube_auth": "kubeConfig",
+        "listen_host": "127.0.0.1",
+        "otlp_port": free_port(),
+        "health_port": free_port(),
+        "metrics_port": free_port(),
+        "lease_namespace": lease_namespace,
+        "lease_name": "telemetry-proxy-k8s-objects",
+        "cluster_name": "local-test",
+    }
+    values.update(overrides)
+    return ProxySettings(**values)
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]  # lower-case names
+    message: Any
+
+
+@dataclass
+class SpanSeen:
+    resource: dict[str, Any]
+    name: str
+    authorization: str
+
+
+@dataclass
+class LogSeen:
+    resource: dict[str, Any]
+    body: Any
+    attributes: dict[str, Any]
+    scope: str
+    authorization: str
+
+
+@dataclass
+class OTLPSink:
+    """An OTLP/HTTP receiver on 127.0.0.1 recording every request (start/stop it)."""
+
+    requests: list[Received] = field(default_factory=list)
+    count_only: bool = False  # benchmarks: count spans, keep nothing
+    spans_received: int = 0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length)
+                if self.headers.get("Content-Encoding", "") == "gzip":
+                    body = gzip.decompress(body)
+                status = sink._record(self.path, dict(self.headers.items()), body)
+                response = b""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(response)))
+                self.end_headers()
+                self.wfile.write(response)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> OTLPSink:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _record(self, path: str, headers: dict[str, str], body: bytes) -> int:
+        message: Any
+        if path == "/v1/traces":
+            message = trace_service_pb2.ExportTraceServiceRequest()
+        elif path == "/v1/logs":
+            message = logs_service_pb2.ExportLogsServiceRequest()
+        else:
+            return 404
+        try:
+            message.ParseFromString(body)
+        except DecodeError:
+            return 400
+        with self._lock:
+            if path == "/v1/traces":
+                self.spans_received += sum(
+                    len(ss.spans) for rs in message.resource_spans for ss in rs.scope_spans
+                )
+            if not self.count_only:
+                lower = {k.lower(): v for k, v in headers.items()}
+                self.requests.append(Received(path, lower, message))
+        return 200
+
+    def spans(self) -> list[SpanSeen]:
+        with self._lock:
+            received = [r for r in self.requests if r.path == "/v1/traces"]
+        return [
+            SpanSeen(attrs(rs.resource.attributes), span.name, r.headers.get("authorization", ""))
+            for r in received
+            for rs in r.message.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
+
+    def logs(self) -> list[LogSeen]:
+        with self._lock:
+            received = [r for r in self.requests if r.path == "/v1/logs"]
+        return [
+            LogSeen(
+                attrs(rl.resource.attributes),
+                any_value(rec.body),
+                attrs(rec.attributes),
+                sl.scope.name,
+                r.headers.get("authorization", ""),
+            )
+            for r in received
+            for rl in r.message.resource_logs
+            for sl in rl.scope_logs
+            for rec in sl.log_records
+        ]
+
+
+@contextlib.contextmanager
+def running_sink(count_only: bool = False) -> Iterator[OTLPSink]:
+    sink = OTLPSink(count_only=count_only).start()
+    try:
+        yield sink
+    finally:
+        sink.stop()
+
+
+def export_request(
+    name: str, resource: dict[str, str] | None = None, spans: int = 1
+) -> trace_service_pb2.ExportTraceServiceRequest:
+    """What an OTLP tracer sends: one resource, one scope, `spans` spans."""
+    now = time.time_ns()
+    resource_attrs = [
+        KeyValue(key=k, value=AnyValue(string_value=v))
+        for k, v in {"service.name": "checkout", **(resource or {})}.items()
+    ]
+    return trace_service_pb2.ExportTraceServiceRequest(
+        resource_spans=[
+            trace_pb2.ResourceSpans(
+                resource={"attributes": resource_attrs},
+                scope_spans=[
+                    trace_pb2.ScopeSpans(
+                        scope={"name": "tests.support.otel"},
+                        spans=[
+                            trace_pb2.Span(
+                                trace_id=os.urandom(16),
+                                span_id=os.urandom(8),
+                                name=name,
+                                kind=trace_pb2.Span.SPAN_KIND_SERVER,
+                                start_time_unix_nano=now,
+                                end_time_unix_nano=now + 1_000_000,
+                            )
+                            for _ in range(spans)
+                        ],
+                    )
+                ],
+            )
+        ]
+    )
+
+
+def send_traces(
+    port: int, request: trace_service_pb2.ExportTraceServiceRequest, authorization: str | None
+) -> int:
+    """POST one OTLP/HTTP protobuf request to 127.0.0.1:port, as the tracers do."""
+    headers = {"Content-Type": "application/x-protobuf"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=request.SerializeToString(),
+        headers=headers,
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+class Collector:
+    """The project's collector binary running one configuration (always stop() it)."""
+
+    def __init__(self, config: str, workdir: Path, health_port: int, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.config_path = workdir / "otelcol.yaml"
+        self.config_path.write_text(config)
+        self.config_path.chmod(0o600)
+        self.log_path = workdir / "otelcol.log"
+        self.health_port = health_port
+        self.env = env
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> Collector:
+        if not COLLECTOR.exists():
+            raise FileNotFoundError(f"{COLLECTOR} is missing: run `hack/install-tools otelcol`")
+        with self.log_path.open("ab") as out:
+            self.popen = subprocess.Popen(
+                [str(COLLECTOR), f"--config={self.config_path}"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - setsid + pdeathsig only
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"collector exited during start-up:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            time.sleep(0.1)
+        raise TimeoutError(f"collector not healthy after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def healthy(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.health_port}/"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def rss_kib(self) -> tuple[int, int]:
+        """(current, peak) resident memory of the collector, in KiB."""
+        assert self.popen is not None
+        fields = {}
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+        self.popen = None
+
+
+@contextlib.contextmanager
+def running_collector(
+    config: str, workdir: Path, health_port: int, env: dict[str, str]
+) -> Iterator[Collector]:
+    collector = Collector(config, workdir, health_port, env)
+    try:
+        yield collector.start()
+    finally:
+        collector.stop()

@@ -1,0 +1,437 @@
+"""Static checks of the install artifacts (config/, the chart's files, bundle/, Dockerfile, locks).
+
+Pure file reading: the tools that validate them (helm, opm, operator-sdk, scorecard) and the real
+installs are in tests/e2e/test_packaging_*.py.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import re
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from api import constants
+from api.crd import crd_manifest
+from api.lumigo import load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "config"
+BUNDLE = ROOT / "bundle"
+CHART = ROOT / "charts" / "lumigo-operator"
+CSV_FILE = BUNDLE / "manifests" / "lumigo-operator.clusterserviceversion.yaml"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+OPERATOR_IMAGE = f"quay.io/lumigo/lumigo-operator:v{VERSION}"
+INJECTOR_IMAGE = f"quay.io/lumigo/lumigo-autotrace:v{VERSION}"
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def one(path: Path, kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in load(path) if d["kind"] == kind]
+    return doc
+
+
+def hack_module(name: str) -> ModuleType:
+    """Import a hack/ script (no .py suffix) to call its functions."""
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "hack" / name))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def config_rbac() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((CONFIG / "rbac").glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += load(path)
+    return docs
+
+
+def manager_deployment() -> dict[str, Any]:
+    return one(CONFIG / "manager" / "manager.yaml", "Deployment")
+
+
+def csv() -> dict[str, Any]:
+    return one(CSV_FILE, "ClusterServiceVersion")
+
+
+# --- one source of truth ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "copy",
+    [
+        CHART / "files" / "operator.lumigo.io_lumigoes.yaml",
+        BUNDLE / "manifests" / "operator.lumigo.io_lumigoes.yaml",
+    ],
+    ids=["chart", "bundle"],
+)
+def test_crd_copies_are_generated_from_the_schemas(copy: Path) -> None:
+    assert yaml.safe_load(copy.read_text()) == crd_manifest(), "run `make manifests`"
+    original = CONFIG / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
+    assert copy.read_text() == original.read_text()
+
+
+def test_committed_bundle_is_what_make_bundle_generates() -> None:
+    gen = hack_module("gen-bundle")
+    rendered: dict[Path, str] = gen.render()
+    for path, text in rendered.items():
+        assert path.exists(), f"{path.relative_to(ROOT)} missing: run `make bundle`"
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `make bundle`"
+    on_disk = {p for p in BUNDLE.rglob("*") if p.is_file()}
+    assert on_disk == gen.owned_files() - {ROOT / "bundle.Dockerfile"}, "stale files in bundle/"
+
+
+def test_bundle_generation_is_deterministic() -> None:
+    gen = hack_module("gen-bundle")
+    assert gen.render() == gen.render()
+
+
+def test_kustomizations_list_every_manifest() -> None:
+    for part in ("crd", "rbac", "manager", "webhook", "default"):
+        directory = CONFIG / part
+        (kustomization,) = load(directory / "kustomization.yaml")
+        listed = kustomization["resources"]
+        for entry in listed:
+            assert (directory / entry).exists(), f"{part}: {entry} does not exist"
+        local = {p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml"}
+        assert local <= set(listed), f"{part}: not listed: {local - set(listed)}"
+
+
+def test_versions_and_images_agree() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == VERSION
+    assert csv()["spec"]["version"] == VERSION
+    assert csv()["metadata"]["name"] == f"lumigo-operator.v{VERSION}"
+    container = manager_deployment()["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == OPERATOR_IMAGE
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LUMIGO_INJECTOR_IMAGE"] == INJECTOR_IMAGE
+    assert env["LUMIGO_OPERATOR_VERSION"] == VERSION
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    manager_image = values["controllerManager"]["manager"]["image"]
+    injector_image = values["injectorWebhook"]["lumigoInjector"]["image"]
+    assert f"{manager_image['repository']}:v{VERSION}" == OPERATOR_IMAGE
+    assert f"{injector_image['repository']}:v{VERSION}" == INJECTOR_IMAGE
+    assert csv()["spec"]["minKubeVersion"] == chart["kubeVersion"].strip(">=").removesuffix("-0")
+
+
+# --- least privilege ----------------------------------------------------------------------
+
+
+def test_rbac_has_no_wildcards_and_no_escalation() -> None:
+    for doc in config_rbac():
+        for rule in doc.get("rules", []):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), (doc["metadata"]["name"], rule)
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+            assert "customresourcedefinitions" not in rule["resources"]
+
+
+def test_secrets_are_never_listed_or_watched_cluster_wide() -> None:
+    for doc in config_rbac():
+        for rule in doc.get("rules", []):
+            if "secrets" not in rule["resources"]:
+                continue
+            if doc["kind"] == "ClusterRole":
+                assert rule["verbs"] == ["get"], "token Secrets: GET by name only"
+            elif {"list", "watch"} & set(rule["verbs"]):
+                assert rule.get("resourceNames"), "list/watch only of the named cert Secret"
+
+
+def test_self_managed_certificate_rbac_is_limited_to_the_owned_objects() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in config_rbac()}
+    webhooks = docs[("ClusterRole", "lumigo-lumigo-operator-webhook-configurations-role")]
+    (rule,) = webhooks["rules"]
+    assert rule["resources"] == ["mutatingwebhookconfigurations"]
+    assert sorted(rule["resourceNames"]) == sorted(
+        d["metadata"]["name"] for d in load(CONFIG / "webhook" / "manifests.yaml")
+    )
+    cert = docs[("Role", "lumigo-lumigo-operator-webhook-cert-role")]
+    named = [r for r in cert["rules"] if r.get("resourceNames")]
+    unnamed = [r for r in cert["rules"] if not r.get("resourceNames")]
+    assert [r["verbs"] for r in unnamed] == [["create"]]
+    args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+    (secret_flag,) = [a for a in args if a.startswith("--cert-secret=")]
+    assert named[0]["resourceNames"] == [secret_flag.split("=", 1)[1]]
+
+
+def test_the_bundle_grants_no_certificate_rbac() -> None:
+    spec = csv()["spec"]["install"]["spec"]
+    rules = [r for p in spec["clusterPermissions"] + spec["permissions"] for r in p["rules"]]
+    assert not [r for r in rules if "mutatingwebhookconfigurations" in r["resources"]]
+    assert [r["verbs"] for r in rules if "secrets" in r["resources"]] == [["get"]]
+
+
+# --- the manager workload -----------------------------------------------------------------
+
+
+def test_manager_pod_meets_the_restricted_pod_security_standard() -> None:
+    deployment = manager_deployment()
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert not pod.get("hostNetwork")
+    assert not pod.get("hostPID")
+    for container in pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["runAsNonRoot"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert "add" not in sc["capabilities"]
+        assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+        assert set(container["resources"]) == {"requests", "limits"}
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert all("emptyDir" in v for v in pod["volumes"])
+
+
+def test_operator_workloads_are_never_instrumented() -> None:
+    deployment = manager_deployment()
+    label = constants.LABEL_AUTO_TRACE
+    assert deployment["metadata"]["labels"][label] == constants.AUTO_TRACE_FALSE
+    assert deployment["spec"]["template"]["metadata"]["labels"][label] == "false"
+
+
+def test_manager_flags_follow_the_contract() -> None:
+    container = manager_deployment()["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert "--cert-mode=self" in args
+    assert "--leader-elect" in args
+    flags = dict(a.split("=", 1) for a in args if "=" in a)
+    assert (
+        flags["--webhook-service"]
+        == one(CONFIG / "webhook" / "service.yaml", "Service")["metadata"]["name"]
+    )
+    assert flags["--webhook-configurations"].split(",") == [
+        d["metadata"]["name"] for d in load(CONFIG / "webhook" / "manifests.yaml")
+    ]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # $(POD_NAMESPACE) is only expanded when defined earlier in the list.
+    names = [e["name"] for e in container["env"]]
+    assert "$(POD_NAMESPACE)" in env["TELEMETRY_PROXY_OTLP_SERVICE"]["value"]
+    assert names.index("POD_NAMESPACE") < names.index("TELEMETRY_PROXY_OTLP_SERVICE")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"webhook-server": 9443, "metrics": 8080, "health": 8081}
+    service = one(CONFIG / "webhook" / "service.yaml", "Service")
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        (443, "webhook-server")
+    ]
+
+
+def test_webhooks_follow_the_contract() -> None:
+    injector, defaulter = load(CONFIG / "webhook" / "manifests.yaml")
+    (inject,) = injector["webhooks"]
+    (default,) = defaulter["webhooks"]
+    assert inject["name"] == constants.INJECTOR_WEBHOOK_NAME
+    assert inject["clientConfig"]["service"]["path"] == constants.INJECT_PATH
+    assert (inject["failurePolicy"], inject["timeoutSeconds"], inject["sideEffects"]) == (
+        "Ignore",
+        5,
+        "None",
+    )
+    kinds = {
+        (g, r) for rule in inject["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
+    assert kinds == {
+        (api.rpartition("/")[0], plural) for api, _, plural in constants.WORKLOAD_KINDS
+    }
+    assert all(rule["operations"] == ["CREATE", "UPDATE"] for rule in inject["rules"])
+    (expression,) = inject["namespaceSelector"]["matchExpressions"]
+    assert expression == {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "NotIn",
+        "values": ["lumigo-system", "kube-system"],
+    }
+    assert default["name"] == constants.DEFAULTER_WEBHOOK_NAME
+    assert default["clientConfig"]["service"]["path"] == constants.MUTATE_PATH
+    assert (default["failurePolicy"], default["timeoutSeconds"]) == ("Fail", 5)
+    assert default["rules"][0]["resources"] == [constants.PLURAL]
+    for webhook in (inject, default):
+        assert "caBundle" not in webhook["clientConfig"]
+        assert webhook["admissionReviewVersions"] == ["v1"]
+
+
+# --- the OLM bundle -----------------------------------------------------------------------
+
+
+def test_csv_runs_the_manager_with_olm_managed_certificates() -> None:
+    (deployment,) = csv()["spec"]["install"]["spec"]["deployments"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--cert-mode=files" in container["args"]
+    assert not [a for a in container["args"] if a.startswith(("--cert-secret", "--webhook-"))
+                and not a.startswith("--webhook-port")]  # fmt: skip
+    want = manager_deployment()["spec"]["template"]["spec"]
+    got = deployment["spec"]["template"]["spec"]
+    assert got["securityContext"] == want["securityContext"]
+    assert container["securityContext"] == want["containers"][0]["securityContext"]
+
+
+def test_csv_webhookdefinitions_match_config() -> None:
+    definitions = {d["generateName"]: d for d in csv()["spec"]["webhookdefinitions"]}
+    for config in load(CONFIG / "webhook" / "manifests.yaml"):
+        (webhook,) = config["webhooks"]
+        got = definitions[webhook["name"]]
+        assert got["type"] == "MutatingAdmissionWebhook"
+        assert got["webhookPath"] == webhook["clientConfig"]["service"]["path"]
+        assert got["rules"] == webhook["rules"]
+        assert (got["failurePolicy"], got["timeoutSeconds"], got["sideEffects"]) == (
+            webhook["failurePolicy"],
+            webhook["timeoutSeconds"],
+            webhook["sideEffects"],
+        )
+        assert (got["containerPort"], got["targetPort"]) == (443, 9443)
+        assert got["deploymentName"] == manager_deployment()["metadata"]["name"]
+
+
+def test_csv_has_every_recommended_field() -> None:
+    doc = csv()
+    annotations = doc["metadata"]["annotations"]
+    for key in ("alm-examples", "capabilities", "categories", "containerImage", "createdAt",
+                "description", "repository", "support",
+                "operators.operatorframework.io/suggested-namespace"):  # fmt: skip
+        assert annotations.get(key), key
+    spec = doc["spec"]
+    for key in ("displayName", "description", "icon", "keywords", "maintainers", "provider",
+                "links", "maturity", "minKubeVersion", "installModes"):  # fmt: skip
+        assert spec.get(key), key
+    assert {m["type"] for m in spec["installModes"]} == {
+        "OwnNamespace",
+        "SingleNamespace",
+        "MultiNamespace",
+        "AllNamespaces",
+    }
+    assert {i["image"] for i in spec["relatedImages"]} == {OPERATOR_IMAGE, INJECTOR_IMAGE}
+    (icon,) = spec["icon"]
+    assert icon["mediatype"] == "image/svg+xml"
+
+
+def test_csv_descriptors_cover_every_top_level_field() -> None:
+    (owned,) = csv()["spec"]["customresourcedefinitions"]["owned"]
+    schema = crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    spec_paths = {d["path"] for d in owned["specDescriptors"]}
+    status_paths = {d["path"] for d in owned["statusDescriptors"]}
+    assert set(schema["spec"]["properties"]) <= spec_paths
+    assert set(schema["status"]["properties"]) <= status_paths
+    assert owned["resources"], "scorecard olm-crds-have-resources"
+    assert (owned["name"], owned["kind"], owned["version"]) == (
+        constants.CRD_NAME,
+        constants.KIND,
+        constants.VERSION,
+    )
+
+
+def test_alm_example_is_the_seed_readme_quick_start() -> None:
+    examples = json.loads(csv()["metadata"]["annotations"]["alm-examples"])
+    sample = one(CONFIG / "samples" / "operator_v1alpha1_lumigo.yaml", "Lumigo")
+    assert examples == [sample]
+
+
+def test_bundle_ships_no_object_olm_creates_itself() -> None:
+    kinds = {d["kind"] for p in (BUNDLE / "manifests").glob("*.yaml") for d in load(p)}
+    assert kinds == {"ClusterServiceVersion", "CustomResourceDefinition", "Service"}
+
+
+# --- samples (one per seed README snippet) ------------------------------------------------
+
+
+def test_every_lumigo_sample_is_a_valid_spec() -> None:
+    samples = sorted((CONFIG / "samples").glob("operator_v1alpha1_lumigo*.yaml"))
+    assert len(samples) == 4
+    for path in samples:
+        lumigo = one(path, "Lumigo")
+        assert lumigo["metadata"]["name"] == "lumigo"
+        assert lumigo["metadata"]["labels"]["app.kubernetes.io/part-of"] == "lumigo-operator"
+        load_spec(lumigo["spec"])  # raises on any invalid field
+
+
+def test_opt_out_sample_is_labelled_false() -> None:
+    deployment = one(CONFIG / "samples" / "apps_v1_deployment_opt_out.yaml", "Deployment")
+    assert deployment["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == "false"
+
+
+# --- the operator image -------------------------------------------------------------------
+
+
+def _pins(path: Path) -> dict[str, tuple[str, frozenset[str]]]:
+    """name -> (version, hashes) of a pip-compile style lock."""
+    out: dict[str, tuple[str, frozenset[str]]] = {}
+    current = ""
+    for line in path.read_text().splitlines():
+        if match := re.match(r"^([A-Za-z0-9_.-]+)==([^ ;\\]+)", line):
+            current = match.group(1).lower()
+            out[current] = (match.group(2), frozenset())
+        elif match := re.search(r"--hash=(sha256:[0-9a-f]+)", line):
+            version, hashes = out[current]
+            out[current] = (version, hashes | {match.group(1)})
+    return out
+
+
+def test_runtime_lock_is_a_subset_of_the_dev_lock() -> None:
+    runtime, full = _pins(ROOT / "requirements-runtime.lock"), _pins(ROOT / "requirements.lock")
+    for name, (version, hashes) in runtime.items():
+        assert name in full, name
+        assert full[name][0] == version, name
+        assert hashes, name
+        assert hashes == full[name][1], name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for requirement in project["dependencies"]:
+        name, version = requirement.split("==")
+        assert runtime[name.lower()][0] == version
+
+
+def test_dockerfile_is_slim_non_root_and_hash_verified() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
+    (user,) = re.findall(r"^USER (\S+)", text, re.M)
+    uid = user.split(":")[0]
+    assert uid.isdigit(), "numeric, so the kubelet can check runAsNonRoot"
+    assert int(uid) != 0
+    assert "--require-hashes" in text
+    assert "requirements-runtime.lock" in text
+    assert re.search(r'^ENTRYPOINT \["lumigo-operator", "run"\]', text, re.M)
+
+
+# --- the manifests and the manager CLI agree ----------------------------------------------
+
+
+def _cli_accepts(argv: list[str]) -> None:
+    """Parse like `lumigo-operator` would (argparse exits with status 2 on an unknown flag)."""
+    from controller.cli import _parser
+
+    _parser().parse_args(argv)
+
+
+def test_every_manager_flag_of_the_manifests_is_a_cli_flag() -> None:
+    config_args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+    (deployment,) = csv()["spec"]["install"]["spec"]["deployments"]
+    bundle_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    for args in (config_args, bundle_args):
+        _cli_accepts(["run", *args])
+
+
+def test_the_dockerfile_entrypoint_and_the_hook_command_are_cli_commands() -> None:
+    entrypoint = json.loads(
+        re.findall(r"^ENTRYPOINT (\[.*\])", (ROOT / "Dockerfile").read_text(), re.M)[0]
+    )
+    assert entrypoint[0] == "lumigo-operator"
+    _cli_accepts(entrypoint[1:])
+    template = (CHART / "templates" / "uninstall-hook.yaml").read_text()
+    assert "- lumigo-operator\n        - uninstall\n        - --timeout=" in template
+    _cli_accepts(["uninstall", "--timeout=120s"])

@@ -1,0 +1,125 @@
+"""The collector configuration rendering: shape, determinism, tenant isolation, no `null`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.telemetry_config import (
+    COLLECTED_OBJECTS,
+    MonitoredNamespace,
+    ProxySettings,
+    build,
+    render,
+)
+
+TOKEN_A = "t_0123456789abcdef01234"
+TOKEN_B = "t_fedcba9876543210fedcb"
+
+
+def ns(name: str, token: str = TOKEN_A) -> MonitoredNamespace:
+    return MonitoredNamespace(name=name, uid=f"uid-{name}", token=token)
+
+
+def walk(value: Any) -> list[Any]:
+    out = [value]
+    if isinstance(value, dict):
+        for v in value.values():
+            out += walk(v)
+    elif isinstance(value, list):
+        for v in value:
+            out += walk(v)
+    return out
+
+
+def test_empty_set_renders_the_proxy_only_and_never_null() -> None:
+    text = render([], ProxySettings())
+    config = yaml.safe_load(text)
+    assert "null" not in text
+    assert None not in walk(config)
+    assert set(config["service"]["pipelines"]) == {"traces", "logs"}
+    assert not any(k.startswith("k8s_objects") for k in config["receivers"])
+    assert "k8s_leader_elector" not in config["extensions"]
+
+
+def test_proxy_forwards_each_requests_authorization_and_batches_per_tenant() -> None:
+    config = build([], ProxySettings(upstream_endpoint="http://sink.example:4318/"))
+    http = config["receivers"]["otlp"]["protocols"]["http"]
+    assert http == {"endpoint": "0.0.0.0:4318", "include_metadata": True}
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    assert exporter["endpoint"] == "http://sink.example:4318"
+    assert exporter["auth"] == {"authenticator": "headers_setter"}
+    assert "headers" not in exporter  # no token in the proxy part
+    assert exporter["sending_queue"]["sizer"] == "items"  # memory bounded in spans, not requests
+    (header,) = config["extensions"]["headers_setter"]["headers"]
+    assert header["key"] == "Authorization"
+    assert header["from_context"] == "authorization"
+    assert config["processors"]["batch/proxy"]["metadata_keys"] == ["authorization"]
+    for signal in ("traces", "logs"):
+        processors = config["service"]["pipelines"][signal]["processors"]
+        # k8s attributes need the connection's address: before any batching.
+        assert processors.index("k8s_attributes") < processors.index("batch/proxy")
+
+
+def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
+    config = build([ns("shop", TOKEN_A), ns("billing", TOKEN_B)], ProxySettings())
+    pipelines = config["service"]["pipelines"]
+    assert set(pipelines) == {"traces", "logs", "logs/ns-billing", "logs/ns-shop"}
+    for name, token in (("shop", TOKEN_A), ("billing", TOKEN_B)):
+        receiver = config["receivers"][f"k8s_objects/{name}"]
+        assert receiver["k8s_leader_elector"] == "k8s_leader_elector"
+        assert {(o["name"], o.get("group", "")) for o in receiver["objects"]} == set(
+            COLLECTED_OBJECTS
+        )
+        assert all(o["namespaces"] == [name] and o["mode"] == "watch" for o in receiver["objects"])
+        exporter = config["exporters"][f"otlp_http/ns-{name}"]
+        assert exporter["headers"] == {"Authorization": f"LumigoToken {token}"}
+        assert pipelines[f"logs/ns-{name}"]["receivers"] == [f"k8s_objects/{name}"]
+        assert pipelines[f"logs/ns-{name}"]["exporters"] == [f"otlp_http/ns-{name}"]
+    assert "k8s_leader_elector" in config["service"]["extensions"]
+
+
+def test_logs_can_go_to_their_own_endpoint() -> None:
+    logs = "https://logs.example.com/v1/logs"
+    settings = ProxySettings(upstream_logs_endpoint=logs)
+    exporters = build([ns("shop")], settings)["exporters"]
+    assert exporters["otlp_http/lumigo"]["logs_endpoint"] == logs
+    assert exporters["otlp_http/ns-shop"]["logs_endpoint"] == logs
+    assert (
+        "logs_endpoint" not in build([ns("shop")], ProxySettings())["exporters"]["otlp_http/lumigo"]
+    )
+
+
+def test_output_is_deterministic_whatever_the_input_order() -> None:
+    settings = ProxySettings(cluster_name="prod", cluster_uid="abc")
+    a = render([ns("b"), ns("a"), ns("c")], settings)
+    b = render([ns("c"), ns("b"), ns("a")], settings)
+    assert a == b
+    assert a.index("k8s_objects/a") < a.index("k8s_objects/b") < a.index("k8s_objects/c")
+
+
+def test_a_namespace_listed_twice_keeps_the_first_token() -> None:
+    config = build([ns("shop", TOKEN_A), ns("shop", TOKEN_B)], ProxySettings())
+    headers = config["exporters"]["otlp_http/ns-shop"]["headers"]
+    assert headers["Authorization"] == f"LumigoToken {TOKEN_A}"
+
+
+def test_operator_attributes_skip_unknown_values() -> None:
+    attrs = build([], ProxySettings(cluster_name="", cluster_uid="u1"))["processors"][
+        "resource/lumigo"
+    ]["attributes"]
+    keys = [a["key"] for a in attrs]
+    assert "k8s.cluster.name" not in keys
+    assert {"k8s.cluster.uid", "lumigo.k8s_operator.version"} <= set(keys)
+
+
+def test_token_is_not_in_the_repr() -> None:
+    assert TOKEN_A not in repr(ns("shop"))
+
+
+@pytest.mark.parametrize("endpoint", ["", "ga-otlp.example.com", "ftp://x", "https://"])
+def test_bad_upstream_endpoint_is_refused_with_a_clear_message(endpoint: str) -> None:
+    with pytest.raises(ValueError, match="invalid telemetry upstream endpoint"):
+        ProxySettings(upstream_endpoint=endpoint)

@@ -1,0 +1,396 @@
+"""/v1alpha1/inject: instrument workloads as they are created or updated.
+
+Wiring (the manager does this; the handler never imports controller/):
+
+    handler = InjectHandler(
+        lumigoes=lumigo_informer.store,    # LumigoLister: .list(namespace) -> raw Lumigo dicts
+        recorder=event_recorder,           # events.EventRecorder: .event(obj, type, reason, ...)
+        settings=InjectionSettings(operator_version=..., injector_image=..., ...),
+    )
+    response = handler.handle(request)    # admission.AdmissionRequest -> AdmissionResponse
+
+The lister should raise (not return []) while its cache is not synced: a failed lookup allows the
+workload unchanged and is counted, whereas [] would be read as "no Lumigo in this namespace".
+
+Gating, in the reference's order and with its texts (reference §3 steps 1-8):
+ 1. DELETE (or CONNECT): allowed, nothing to do.
+ 2. Not one of the six workload kinds: allowed, "does not mutate resources of type ...".
+    An object that does not decode as its kind: BadRequest (HTTP 400).
+ 3. The Lumigo resources of the namespace; if there are several, the oldest (creationTimestamp,
+    then name) counts, as in the controller.
+ 4. None: inject only if the workload is labelled `lumigo.auto-trace=true`, with the token and
+    flags from its `lumigo.token-secret`/`lumigo.token-key`/`lumigo.enable-*` labels.
+ 5. Injection disabled in the spec, or the resource not Active (or being deleted): allowed
+    unchanged.
+ 6. `lumigo.auto-trace=skip-next-injector`: the label is removed, nothing injected.
+ 7. Opted out (`lumigo.auto-trace=false`): allowed unchanged, no event (the reference sent a
+    Warning on every update). Other errors: Warning event LumigoCannotAdd/UpdateInstrumentation.
+ 8. Injected: the JSON patch, and a LumigoAdded/UpdatedInstrumentation event only if it changed.
+
+Never blocks a workload: any failure allows it unchanged (the reference answered some errors with
+`allowed: false`, which refuses the workload even under failurePolicy Ignore). Also fixed: Jobs are
+not patched on UPDATE (their pod template is immutable, so the patch would make the update fail),
+objects being deleted are left alone, and dry-run requests record no events.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from api import constants
+from api.lumigo import load_spec
+from webhook import events, mutation
+from webhook.admission import (
+    AdmissionRequest,
+    AdmissionResponse,
+    BadRequest,
+    allow,
+    patched,
+)
+from webhook.jsonpatch import diff
+from webhook.metrics import INJECTIONS_TOTAL
+from webhook.mutation import InjectionSettings, InvalidObjectError, OptedOutError
+
+log = logging.getLogger("lumigo.webhook.inject")
+
+JSON = dict[str, Any]
+
+NOTHING_ON_DELETE: Final = "Mutating webhooks have nothing to do on deletions"
+NOT_A_WORKLOAD: Final = "The Lumigo Injector webhook does not mutate resources of type {kind}"
+NOT_A_SUBRESOURCE: Final = (
+    "The Lumigo Injector webhook does not mutate the {sub_resource} subresource"
+)
+NO_LUMIGO: Final = (
+    "No Lumigo configuration for the '{namespace}' namespace; resource will not be mutated"
+)
+INJECTION_DISABLED: Final = (
+    "Tracing injection is disabled in the '{namespace}' namespace; resource will not be mutated"
+)
+NOT_ACTIVE: Final = (
+    "The Lumigo object in the '{namespace}' namespace is not active; resource will not be mutated"
+)
+CANNOT_INJECT: Final = "cannot inject Lumigo tracing in the pod spec {error}"
+LIST_FAILED: Final = "cannot retrieve Lumigo instances in namespace {namespace}: {error}"
+BEING_DELETED: Final = "The resource is being deleted; resource will not be mutated"
+JOB_IMMUTABLE: Final = (
+    "the PodSpec of batchv1.Job resources is immutable once the job has been created"
+)
+INTERNAL_ERROR: Final = "internal error in the Lumigo injector webhook ({error}); see its logs"
+
+# Metric series per namespace are capped: a client posting random namespaces must not be able to
+# grow the operator's memory without bound.
+MAX_NAMESPACE_SERIES: Final = 1000
+MAX_CACHED_SPECS: Final = 1024
+
+
+class LumigoLister(Protocol):
+    """The Lumigo resources of a namespace, as raw dicts (read only; may be cache entries)."""
+
+    def list(self, namespace: str) -> Sequence[Mapping[str, Any]]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    response: AdmissionResponse
+    result: str  # injected | updated | unchanged | skipped | failed
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """Where the settings come from: a Lumigo resource, or the workload's own labels."""
+
+    reason: str  # "lumigo" or "label-opt-in"
+    trigger_namespace: str
+    trigger_name: str
+    lumigo_spec: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Subject:
+    """The workload being admitted."""
+
+    request: AdmissionRequest
+    obj: JSON
+    namespace: str
+    name: str
+    label: str | None  # its lumigo.auto-trace label
+
+    @property
+    def had_instrumentation(self) -> bool:
+        return (self.label or "").startswith(constants.AUTO_TRACE_VERSION_PREFIX)
+
+
+class InjectHandler:
+    def __init__(
+        self,
+        lumigoes: LumigoLister,
+        recorder: events.EventRecorder,
+        settings: InjectionSettings,
+        *,
+        max_namespace_series: int = MAX_NAMESPACE_SERIES,
+    ) -> None:
+        self.lumigoes = lumigoes
+        self.recorder = recorder
+        self.settings = settings
+        self.component = events.webhook_component(settings.operator_version)
+        self._max_namespaces = max_namespace_series
+        self._namespaces: set[str] = set()
+        self._spec_settings: dict[str, InjectionSettings] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, request: AdmissionRequest) -> AdmissionResponse:
+        if request.operation not in {"CREATE", "UPDATE"}:
+            if request.operation == "DELETE":
+                return allow(request, NOTHING_ON_DELETE)
+            return allow(request, f"Nothing to do on {request.operation}")
+        kind = request.kind
+        if mutation.SUPPORTED_KINDS.get(kind.kind) != kind.api_version:
+            return allow(request, NOT_A_WORKLOAD.format(kind=kind))
+        if request.sub_resource:  # e.g. deployments/status: the API server ignores spec changes
+            return allow(request, NOT_A_SUBRESOURCE.format(sub_resource=request.sub_resource))
+        obj = request.object or {}
+        try:
+            mutation.validate(obj, kind.kind)
+        except InvalidObjectError as err:
+            raise BadRequest(f"cannot decode the {kind.api_version} {kind.kind}: {err}") from None
+        meta = _metadata(obj)
+        subject = _Subject(
+            request,
+            obj,
+            namespace=request.namespace or str(meta.get("namespace") or ""),
+            name=str(meta.get("name") or request.name),
+            label=mutation.auto_trace_label(obj),
+        )
+        try:
+            decision = self._decide(subject)
+        except Exception as err:  # never block a workload, whatever went wrong
+            log.exception("injector webhook failed", extra=_log_fields(subject))
+            decision = _Decision(
+                allow(request, INTERNAL_ERROR.format(error=type(err).__name__)),
+                "failed",
+                "internal-error",
+            )
+        self._count(subject.namespace, kind.kind, decision.result, decision.reason)
+        if log.isEnabledFor(logging.DEBUG):
+            fields = {**_log_fields(subject), "result": decision.result, "reason": decision.reason}
+            log.debug("admission decision", extra=fields)
+        return decision.response
+
+    # -- gating ----------------------------------------------------------------------------------
+    def _decide(self, subject: _Subject) -> _Decision:
+        request, namespace = subject.request, subject.namespace
+        if _metadata(subject.obj).get("deletionTimestamp"):
+            return _Decision(allow(request, BEING_DELETED), "skipped", "being-deleted")
+        try:
+            lumigoes = list(self.lumigoes.list(namespace))
+        except Exception as err:
+            log.warning(
+                "cannot list Lumigo resources", extra={**_log_fields(subject), "error": str(err)}
+            )
+            message = LIST_FAILED.format(namespace=namespace, error=err)
+            return _Decision(allow(request, message), "failed", "list-error")
+        if not lumigoes:
+            if (subject.label or "").lower() != constants.AUTO_TRACE_TRUE:
+                message = NO_LUMIGO.format(namespace=namespace)
+                return _Decision(allow(request, message), "skipped", "no-lumigo")
+            source = _Source("label-opt-in", namespace, subject.name)
+        else:
+            lumigo = oldest(lumigoes)
+            spec = lumigo.get("spec")
+            if _injection_disabled(spec):
+                message = INJECTION_DISABLED.format(namespace=namespace)
+                return _Decision(allow(request, message), "skipped", "injection-disabled")
+            if not is_active(lumigo) or _metadata(lumigo).get("deletionTimestamp"):
+                # Being deleted: the controller is removing instrumentation from the namespace,
+                # so new workloads must not get it either.
+                message = NOT_ACTIVE.format(namespace=namespace)
+                return _Decision(allow(request, message), "skipped", "not-active")
+            meta = _metadata(lumigo)
+            source = _Source(
+                "lumigo", str(meta.get("namespace", namespace)), str(meta.get("name", "")), spec
+            )
+        if subject.label == constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
+            return _Decision(
+                patched(request, diff(subject.obj, _without_label(subject.obj))),
+                "skipped",
+                "skip-next-injector",
+            )
+        return self._inject(subject, source)
+
+    # -- injection -------------------------------------------------------------------------------
+    def _inject(self, subject: _Subject, source: _Source) -> _Decision:
+        request, kind = subject.request, subject.request.kind.kind
+        try:
+            settings = self._settings_for(source, subject.obj)
+            mutated = mutation.inject(subject.obj, settings, kind)
+        except OptedOutError as err:
+            # The user's explicit choice: answer why, but no Warning event (the reference's spam).
+            message = CANNOT_INJECT.format(error=err)
+            return _Decision(allow(request, message), "skipped", "opted-out")
+        except Exception as err:
+            expected = isinstance(err, ValueError)  # bad spec or labels, invalid settings
+            error = str(err) if expected else INTERNAL_ERROR.format(error=type(err).__name__)
+            if not expected:
+                log.exception("injection failed", extra=_log_fields(subject))
+            action: events.Action = "update" if subject.had_instrumentation else "add"
+            trigger = events.webhook_trigger(
+                source.trigger_namespace, source.trigger_name, cannot_add=action == "add"
+            )
+            self._record(subject, events.WARNING, action, trigger, error)
+            reason = "invalid-settings" if expected else "internal-error"
+            return _Decision(allow(request, CANNOT_INJECT.format(error=error)), "failed", reason)
+        ops = diff(subject.obj, mutated)
+        if not ops:
+            reason = mutation.skip_reason(subject.obj, kind) or "already-instrumented"
+            return _Decision(patched(request, []), "unchanged", reason)
+        if kind == "Job" and request.operation == "UPDATE":
+            message = CANNOT_INJECT.format(error=JOB_IMMUTABLE)
+            return _Decision(allow(request, message), "skipped", "job-immutable")
+        action = "update" if subject.had_instrumentation else "add"
+        trigger = events.webhook_trigger(source.trigger_namespace, source.trigger_name)
+        self._record(subject, events.NORMAL, action, trigger, None)
+        result = "updated" if subject.had_instrumentation else "injected"
+        return _Decision(patched(request, ops), result, source.reason)
+
+    def _settings_for(self, source: _Source, obj: JSON) -> InjectionSettings:
+        if source.reason == "lumigo":
+            return self._settings_for_spec(source.lumigo_spec)
+        return settings_from_labels(self.settings, _metadata(obj).get("labels") or {})
+
+    def _settings_for_spec(self, spec: Any) -> InjectionSettings:
+        """Loading a spec costs more than the rest of an admission: cache by content (a spec
+        that fails to load is not cached, and raises every time)."""
+        key = json.dumps(spec, sort_keys=True)
+        with self._lock:
+            cached = self._spec_settings.get(key)
+        if cached is not None:
+            return cached
+        settings = self.settings.for_spec(load_spec(spec))
+        with self._lock:
+            if len(self._spec_settings) >= MAX_CACHED_SPECS:
+                self._spec_settings.clear()
+            self._spec_settings[key] = settings
+        return settings
+
+    # -- events and metrics ----------------------------------------------------------------------
+    def _record(
+        self,
+        subject: _Subject,
+        type_: str,
+        action: events.Action,
+        trigger: str,
+        error: str | None,
+    ) -> None:
+        if subject.request.dry_run:
+            return  # a dry run must have no side effects (sideEffects: None)
+        metadata: JSON = {"name": subject.name, "namespace": subject.namespace}
+        uid = _metadata(subject.obj).get("uid")
+        if isinstance(uid, str) and uid:
+            metadata["uid"] = uid
+        involved = {
+            "apiVersion": subject.request.kind.api_version,
+            "kind": subject.request.kind.kind,
+            "metadata": metadata,
+        }
+        try:
+            self.recorder.event(
+                involved,
+                type_,
+                events.reason(action, failed=error is not None),
+                events.message(action, trigger, error),
+                self.component,
+            )
+        except Exception:
+            log.exception("recording an event failed", extra=_log_fields(subject))
+
+    def _count(self, namespace: str, kind: str, result: str, reason: str) -> None:
+        with self._lock:
+            if namespace not in self._namespaces:
+                if len(self._namespaces) >= self._max_namespaces:
+                    namespace = "other"
+                else:
+                    self._namespaces.add(namespace)
+        INJECTIONS_TOTAL.labels(namespace, kind, result, reason).inc()
+
+
+# --- helpers (also used by tests) -------------------------------------------------------------
+
+
+def settings_from_labels(base: InjectionSettings, labels: Mapping[str, Any]) -> InjectionSettings:
+    """Settings for a workload opted in by label, with no Lumigo resource in its namespace.
+    An empty token label means the default (the reference used "", which the API server rejects).
+    """
+
+    def text(key: str) -> str:
+        value = labels.get(key)
+        return value if isinstance(value, str) else ""
+
+    return dataclasses.replace(
+        base,
+        token_secret_name=text(constants.LABEL_TOKEN_SECRET) or constants.DEFAULT_TOKEN_SECRET,
+        token_secret_key=text(constants.LABEL_TOKEN_KEY) or constants.DEFAULT_TOKEN_KEY,
+        enable_traces=text(constants.LABEL_ENABLE_TRACES).lower() != "false",
+        enable_logs=text(constants.LABEL_ENABLE_LOGS).lower() == "true",
+    )
+
+
+def oldest(lumigoes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The Lumigo resource that takes effect: oldest creationTimestamp, then name (as the
+    controller decides; the reference used whichever the list returned first)."""
+
+    def order(lumigo: Mapping[str, Any]) -> tuple[bool, str, str]:
+        meta = _metadata(lumigo)
+        created = str(meta.get("creationTimestamp") or "")
+        return (created == "", created, str(meta.get("name") or ""))
+
+    return min(lumigoes, key=order)
+
+
+def is_active(lumigo: Mapping[str, Any]) -> bool:
+    """Its status has an `Active` condition with status "True"."""
+    status = lumigo.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list):
+        return False
+    return any(
+        isinstance(c, Mapping)
+        and c.get("type") == constants.CONDITION_ACTIVE
+        and c.get("status") == "True"
+        for c in conditions
+    )
+
+
+def _injection_disabled(spec: Any) -> bool:
+    """`tracing.injection.enabled` explicitly false (absent means enabled)."""
+    node = spec
+    for key in ("tracing", "injection"):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return isinstance(node, Mapping) and node.get("enabled") is False
+
+
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _without_label(obj: JSON) -> JSON:
+    """`obj` without its top-level lumigo.auto-trace label (shallow copies along the path)."""
+    meta = dict(obj["metadata"])
+    meta["labels"] = {k: v for k, v in meta["labels"].items() if k != constants.LABEL_AUTO_TRACE}
+    return {**obj, "metadata": meta}
+
+
+def _log_fields(subject: _Subject) -> dict[str, Any]:
+    return {
+        "uid": subject.request.uid,
+        "operation": subject.request.operation,
+        "kind": subject.request.kind.kind,
+        "namespace": subject.namespace,
+        "resource": subject.name,  # not "name": that LogRecord attribute cannot be overridden
+    }
