@@ -29,21 +29,39 @@ sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
 from prometheus_client import REGISTRY  # noqa: E402
 
-from api.resources import DEPLOYMENTS  # noqa: E402
+from api import constants  # noqa: E402
+from api.resources import DEPLOYMENTS, LUMIGOES  # noqa: E402
+from controller.events import EventRecorder  # noqa: E402
+from controller.informer import Informer  # noqa: E402
 from controller.kube import KubeClient  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
-from tests.support import reviews, standin_handler, workloads  # noqa: E402
+from tests.conftest import CRD_FILE  # noqa: E402
+from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
+    InformerLister,
+    lumigo_body,
+    make_active,
+)
+from tests.support import reviews, workloads  # noqa: E402
 from tests.support.webhook_cluster import (  # noqa: E402
     cert_stack,
-    mutating_configuration,
+    operator_configuration,
     policy,
     registered,
 )
+from webhook.inject_handler import InjectHandler  # noqa: E402
+from webhook.mutate_handler import MutateHandler  # noqa: E402
+from webhook.mutation import InjectionSettings  # noqa: E402
+from webhook.routing import admission_routes  # noqa: E402
 from webhook.server import AdmissionServer, ServerOptions  # noqa: E402
 from webhook.tls import ServingTLS  # noqa: E402
 
 PATH = "/v1alpha1/inject"
-RESULTS = ROOT / "bench" / "results" / "webhook_apiserver.json"
+RESULTS = ROOT / "bench" / "results" / "webhook_apiserver{}.json"
+
+
+class _Discard:
+    def event(self, obj: Any, type: str, reason: str, message: str, component: str) -> None:
+        return
 
 
 def deployments_file(directory: Path, prefix: str, count: int) -> Path:
@@ -68,6 +86,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-events",
+        action="store_true",
+        help="drop the Added events instead of posting them (isolates the webhook's own cost)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
     with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
@@ -75,14 +98,32 @@ def main() -> int:
         instrumented, plain = "bench-instrumented", "bench-plain"
         for ns in (instrumented, plain):
             cluster.kubectl("create", "namespace", ns)
-        tls = ServingTLS()
-        server = AdmissionServer(
-            {PATH: standin_handler.handle}, tls, ServerOptions(host="127.0.0.1", port=0)
+        cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{constants.CRD_NAME}"
         )
+        lumigoes = Informer(kube, LUMIGOES)
+        lumigoes.start()
+        recorder = EventRecorder(kube)
+        recorder.start()
+        events: EventRecorder | _Discard = _Discard() if args.no_events else recorder
+        lister = InformerLister(lumigoes)
+        routes = admission_routes(
+            InjectHandler(lister, events, InjectionSettings(operator_version="0.1.0")),
+            MutateHandler(lister),
+        )
+        tls = ServingTLS()
+        server = AdmissionServer(routes, tls, ServerOptions(host="127.0.0.1", port=0))
         server.start()
         try:
+            assert lumigoes.wait_for_sync(60)
+            kube.create(LUMIGOES, lumigo_body(), instrumented)
+            make_active(kube, instrumented, "lumigo")
+            wait_until(
+                lambda: bool(lister.list(instrumented)[0].get("status")), 30, "an Active Lumigo"
+            )
             url = f"https://127.0.0.1:{server.port}{PATH}"
-            config = mutating_configuration("bench-webhook", instrumented, url)
+            config = operator_configuration("bench-webhook", instrumented, url.rsplit(PATH, 1)[0])
             with (
                 registered(kube, config) as name,
                 cert_stack(kube, policy(instrumented), [name], tls=tls) as stack,
@@ -123,12 +164,15 @@ def main() -> int:
             )
         finally:
             server.stop()
+            recorder.stop()
+            lumigoes.stop()
     med = {ns: statistics.median(v) for ns, v in times.items()}
     ratio = med[instrumented] / med[plain]
     result: dict[str, Any] = {
         "benchmark": "webhook_apiserver",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "handler": "standin",
+        "handler": "real",
+        "events": not args.no_events,
         "count": args.count,
         "rounds": args.rounds,
         "seconds": {"instrumented": times[instrumented], "plain": times[plain]},
@@ -141,10 +185,12 @@ def main() -> int:
         "target_ratio": 1.15,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    results = Path(str(RESULTS).format("_no_events" if args.no_events else ""))
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=2) + "\n")
     print(
-        f"{args.count} Deployments via kubectl, median of {args.rounds}: "
+        f"{args.count} Deployments via kubectl, median of {args.rounds}"
+        f"{'' if not args.no_events else ' (events dropped)'}: "
         f"instrumented {med[instrumented]:.2f} s, plain {med[plain]:.2f} s, ratio {ratio:.3f} "
         f"({result['per_create_overhead_ms']} ms per create)"
     )
@@ -152,7 +198,7 @@ def main() -> int:
         f"webhook: {admissions:.0f} admissions over {accepted} TLS connection(s), "
         f"server-side mean {result['server_side_mean_ms']} ms"
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 

@@ -40,11 +40,24 @@ PATH = "/v1alpha1/inject"
 RESULTS = ROOT / "bench" / "results" / "webhook_direct.json"
 
 
-def routes() -> tuple[str, dict[str, Any]]:
-    """The real inject handler when webhook-core is present, else the stand-in."""
-    from tests.support import standin_handler
+class _Discard:
+    """Event recorder for a benchmark without an API server (the real one queues, off-path)."""
 
-    return "standin", {PATH: standin_handler.handle}
+    def event(self, obj: Any, type: str, reason: str, message: str, component: str) -> None:
+        return
+
+
+def routes() -> tuple[str, dict[str, Any]]:
+    """The real handlers, with an Active Lumigo in the namespace of the benchmark's Deployment."""
+    from tests.unit.webhook_samples import StaticLister, lumigo
+    from webhook.inject_handler import InjectHandler
+    from webhook.mutate_handler import MutateHandler
+    from webhook.mutation import InjectionSettings
+    from webhook.routing import admission_routes
+
+    lister = StaticLister({"default": [lumigo(namespace="default")]})
+    inject = InjectHandler(lister, _Discard(), InjectionSettings(operator_version="0.1.0"))
+    return "real", admission_routes(inject, MutateHandler(lister))
 
 
 def serve(directory: Path) -> None:

@@ -11,12 +11,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from api import constants
+from webhook.admission import BadRequest, Handler, review
+
+__all__ = ["BadRequest", "Route", "admission_routes", "route_for"]
+
 Route = Callable[[bytes, str], bytes | Mapping[str, Any]]
 
 
-class BadRequest(Exception):
-    """The request body cannot be handled; the message is shown to the caller (HTTP 400)."""
+def route_for(handler: Handler) -> Route:
+    """Parse the review, let `handler` decide, serialize the answer (BadRequest -> HTTP 400)."""
 
-    def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
+    def route(body: bytes, content_type: str) -> bytes:
+        return review(handler, body, content_type)
+
+    return route
+
+
+def admission_routes(inject: Handler, mutate: Handler) -> dict[str, Route]:
+    """The operator's two webhook paths."""
+    return {constants.INJECT_PATH: route_for(inject), constants.MUTATE_PATH: route_for(mutate)}

@@ -11,8 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
-from api.resources import DEPLOYMENTS, Resource
+from api.resources import DEPLOYMENTS, LUMIGOES, ApiError, Resource
+from controller.events import EventRecorder
+from controller.informer import Informer
 from controller.kube import KubeClient
 from localcluster import wait_until
 from tests.support import standin_handler, workloads
@@ -20,12 +23,16 @@ from tests.support.webhook_cluster import (
     CertStack,
     cert_stack,
     mutating_configuration,
+    operator_configuration,
     policy,
     registered,
     unique_name,
 )
 from webhook import certs
-from webhook.routing import Route
+from webhook.inject_handler import InjectHandler
+from webhook.mutate_handler import MutateHandler
+from webhook.mutation import InjectionSettings
+from webhook.routing import Route, admission_routes
 from webhook.server import AdmissionServer, ServerOptions
 from webhook.tls import ServingTLS
 
@@ -163,3 +170,164 @@ def test_ca_rotation_while_deployments_are_created_fails_no_admission(
         assert hook.certs.tls.loaded is not None
         final = hook.certs.state()
         assert hook.certs.tls.loaded.certificate == final.serving.cert
+
+
+# --- with the real handlers -------------------------------------------------------------------
+SETTINGS = InjectionSettings(operator_version="0.1.0-test", injector_image="example/injector:1")
+ALREADY = "There is already an instance of operator.lumigo.io/v1alpha1.Lumigo in the '{}' namespace"
+
+
+class InformerLister:
+    """The Lumigo lister the manager gives the handlers: a real informer's cache."""
+
+    def __init__(self, informer: Informer) -> None:
+        self.informer = informer
+
+    def list(self, namespace: str) -> list[dict[str, Any]]:
+        return self.informer.store.list(namespace=namespace)
+
+
+def lumigo_body(name: str = "lumigo") -> dict[str, Any]:
+    return {
+        "apiVersion": "operator.lumigo.io/v1alpha1",
+        "kind": "Lumigo",
+        "metadata": {"name": name},
+        "spec": {"lumigoToken": {"secretRef": {"name": "lumigo-credentials", "key": "token"}}},
+    }
+
+
+def make_active(kube: KubeClient, namespace: str, name: str) -> None:
+    """What the (lead's) Lumigo controller would write: an Active condition."""
+    condition = {
+        "type": "Active",
+        "status": "True",
+        "reason": "Active",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+        "lastUpdateTime": "2026-01-01T00:00:00Z",
+    }
+    kube.merge_patch(
+        LUMIGOES,
+        name,
+        {"status": {"conditions": [condition], "instrumentedResources": []}},
+        namespace,
+        subresource="status",
+    )
+
+
+@dataclass
+class Operator:
+    server: AdmissionServer
+    lumigoes: Informer
+    namespace: str
+
+
+@pytest.fixture
+def operator(kube: KubeClient, namespace: str, crd: Any) -> Iterator[Operator]:
+    """Our server with the real inject and mutate handlers, a Lumigo informer, a real event
+    recorder, self-mode certificates and both webhooks registered for the test namespace."""
+    lumigoes = Informer(kube, LUMIGOES)
+    lumigoes.start()
+    recorder = EventRecorder(kube)
+    recorder.start()
+    lister = InformerLister(lumigoes)
+    routes = admission_routes(InjectHandler(lister, recorder, SETTINGS), MutateHandler(lister))
+    tls = ServingTLS()
+    server = AdmissionServer(routes, tls, ServerOptions(host="127.0.0.1", port=0))
+    server.start()
+    try:
+        assert lumigoes.wait_for_sync(30)
+        name = unique_name("operator")
+        config = operator_configuration(name, namespace, f"https://127.0.0.1:{server.port}")
+        with (
+            registered(kube, config),
+            cert_stack(kube, policy(namespace), [name], tls=tls) as stack,
+        ):
+            stack.wait_ready()
+            yield Operator(server, lumigoes, namespace)
+    finally:
+        server.stop()
+        recorder.stop()
+        lumigoes.stop()
+
+
+def activate_lumigo(kube: KubeClient, op: Operator) -> None:
+    kube.create(LUMIGOES, lumigo_body(), op.namespace)
+    make_active(kube, op.namespace, "lumigo")
+
+    def seen_active() -> bool:
+        obj = op.lumigoes.get(op.namespace, "lumigo")
+        conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Active" and c.get("status") == "True" for c in conditions)
+
+    wait_until(seen_active, 30, "the informer to see the Active Lumigo")
+    # The webhook configuration is new: wait until the API server calls it (dry run).
+    probe = workloads.workload(DEPLOYMENTS, "probe")
+    wait_until(
+        lambda: (
+            "lumigo-injector"
+            in workloads.init_container_names(
+                kube.request(
+                    "POST", DEPLOYMENTS.path(op.namespace), params={"dryRun": "All"}, body=probe
+                )
+            )
+        ),
+        60,
+        "the API server to call the inject webhook",
+    )
+
+
+def assert_injected(obj: dict[str, Any]) -> None:
+    assert workloads.init_container_names(obj) == ["lumigo-injector"]
+    for container in workloads.pod_spec(obj)["containers"]:
+        env = {e["name"]: e.get("value") for e in container.get("env") or []}
+        assert env["LD_PRELOAD"] == "/opt/lumigo/injector/lumigo_injector.so"
+    assert obj["metadata"]["labels"]["lumigo.auto-trace"] == "lumigo-operator.v0.1.0-test"
+
+
+@pytest.mark.parametrize("resource", workloads.KINDS, ids=lambda r: r.kind)
+def test_workloads_in_a_namespace_with_an_active_lumigo_are_stored_injected(
+    kube: KubeClient, operator: Operator, resource: Resource
+) -> None:
+    activate_lumigo(kube, operator)
+    create(kube, resource, operator.namespace, "traced")
+    assert_injected(kube.get(resource, "traced", operator.namespace))
+
+
+def test_opted_out_workloads_are_stored_unchanged(kube: KubeClient, operator: Operator) -> None:
+    activate_lumigo(kube, operator)
+    body = workloads.workload(DEPLOYMENTS, "opted-out", labels={"lumigo.auto-trace": "false"})
+    kube.create(DEPLOYMENTS, body, operator.namespace)
+    stored = kube.get(DEPLOYMENTS, "opted-out", operator.namespace)
+    assert workloads.init_container_names(stored) == []
+    assert workloads.pod_spec(stored)["containers"][0].get("env") is None
+    assert stored["metadata"]["labels"] == {"lumigo.auto-trace": "false"}
+
+
+def test_workloads_in_a_namespace_without_lumigo_are_stored_unchanged(
+    kube: KubeClient, operator: Operator
+) -> None:
+    # The webhook is registered for this namespace, but no Lumigo exists: nothing to do.
+    probe = workloads.workload(DEPLOYMENTS, "plain")
+    kube.create(DEPLOYMENTS, probe, operator.namespace)
+    stored = kube.get(DEPLOYMENTS, "plain", operator.namespace)
+    assert workloads.init_container_names(stored) == []
+    assert "lumigo.auto-trace" not in (stored["metadata"].get("labels") or {})
+    served = REGISTRY.get_sample_value(
+        "controller_runtime_webhook_requests_total", {"webhook": INJECT, "code": "200"}
+    )
+    assert served  # the webhook was called and said "nothing to do"
+
+
+def test_a_second_lumigo_in_a_namespace_is_denied(kube: KubeClient, operator: Operator) -> None:
+    kube.create(LUMIGOES, lumigo_body("first"), operator.namespace)
+    wait_until(
+        lambda: operator.lumigoes.get(operator.namespace, "first") is not None,
+        30,
+        "the informer to see the first Lumigo",
+    )
+    with pytest.raises(ApiError) as denied:
+        kube.create(LUMIGOES, lumigo_body("second"), operator.namespace)
+    assert denied.value.code == 403
+    assert ALREADY.format(operator.namespace) in denied.value.message
+    assert kube.get_or_none(LUMIGOES, "second", operator.namespace) is None

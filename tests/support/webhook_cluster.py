@@ -86,6 +86,34 @@ def mutating_configuration(
     }
 
 
+LUMIGO_RULES = [
+    {
+        "apiGroups": ["operator.lumigo.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["lumigoes"],
+    }
+]
+
+
+def operator_configuration(
+    name: str, namespace: str, base_url: str, *, inject_failure_policy: str = "Ignore"
+) -> dict[str, Any]:
+    """Both operator webhooks, as the chart registers them, scoped to one namespace."""
+    inject = mutating_configuration(
+        name, namespace, f"{base_url}/v1alpha1/inject", failure_policy=inject_failure_policy
+    )
+    mutate = mutating_configuration(
+        name,
+        namespace,
+        f"{base_url}/v1alpha1/mutate",
+        rules=LUMIGO_RULES,
+        webhook_name="lumigodefaulter.kb.io",
+    )
+    inject["webhooks"] += mutate["webhooks"]
+    return inject
+
+
 def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 

@@ -16,7 +16,11 @@ from prometheus_client import REGISTRY
 
 from tests.support import fuzz, reviews, standin_handler
 from tests.support.webhook_server import client_context, new_pki, running
-from webhook.routing import Route
+from tests.unit.webhook_samples import RecordingRecorder, StaticLister, lumigo
+from webhook.inject_handler import InjectHandler
+from webhook.mutate_handler import MutateHandler
+from webhook.mutation import InjectionSettings
+from webhook.routing import Route, admission_routes
 from webhook.tls import ServingTLS
 
 TOTAL = 10_000
@@ -103,3 +107,11 @@ def fuzz_routes(routes: Mapping[str, Route]) -> None:
 
 def test_fuzz_the_server_with_the_standin_handler() -> None:
     fuzz_routes({"/v1alpha1/inject": standin_handler.handle})
+
+
+def test_fuzz_the_server_with_the_real_handlers() -> None:
+    """Both operator paths, with an Active Lumigo in some of the fuzzed namespaces."""
+    lister = StaticLister({f"ns{i}": [lumigo(namespace=f"ns{i}")] for i in (0, 1, 2)})
+    lister.by_namespace["ns3"] = [lumigo(namespace="ns3", active=False)]
+    inject = InjectHandler(lister, RecordingRecorder(), InjectionSettings(operator_version="0.1.0"))
+    fuzz_routes(admission_routes(inject, MutateHandler(lister)))
