@@ -63,9 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _uninstall(args: argparse.Namespace) -> int:
     from controller.events import EventRecorder  # noqa: PLC0415
-    from controller.instrumentation import UNINSTALL_COMPONENT, Instrumenter  # noqa: PLC0415
+    from controller.instrumentation import Instrumenter  # noqa: PLC0415
     from controller.kube import KubeClient  # noqa: PLC0415
     from controller.uninstall import uninstall  # noqa: PLC0415
+    from webhook.events import UNINSTALL_COMPONENT  # noqa: PLC0415
 
     client = KubeClient.from_env(args.kubeconfig)
     recorder = EventRecorder(client)

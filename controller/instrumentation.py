@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from api import constants
 from api.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
 from controller.kube import KubeClient
-from webhook import mutation
+from webhook import events, jsonpatch, mutation
 
 log = logging.getLogger("lumigo.instrumentation")
 
@@ -51,34 +51,16 @@ class Outcome:
     error: str | None = None
 
 
-def controller_trigger(namespace: str, name: str) -> str:
-    return f"controller, acting on behalf of the '{namespace}/{name}' Lumigo resource"
-
-
-UNINSTALL_TRIGGER = "controller, uninstall hook for standalone resources"
-UNINSTALL_COMPONENT = "Lumigo Operator uninstall hook"
-
-
-def controller_component(version: str) -> str:
-    return f"{constants.AUTO_TRACE_VERSION_PREFIX}{version}/controller"
-
-
-def is_opted_out(obj: JSON) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(constants.LABEL_AUTO_TRACE, "")).lower() == constants.AUTO_TRACE_FALSE
-
-
 def is_labelled_instrumented(obj: JSON) -> bool:
     """Carries the auto-trace label with any value but `false` (the reference's selector)."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return constants.LABEL_AUTO_TRACE in labels and not is_opted_out(obj)
+    return mutation.auto_trace_label(obj) is not None and not mutation.is_opted_out(obj)
 
 
 class Instrumenter:
     def __init__(
         self,
         client: KubeClient,
-        recorder: Recorder,
+        recorder: events.EventRecorder,
         *,
         component: str,
         concurrency: int = 8,
@@ -93,43 +75,32 @@ class Instrumenter:
         self, target: Target, settings: mutation.InjectionSettings, trigger: str
     ) -> Outcome:
         if target.resource is JOBS:
-            return self._job_is_immutable(target, constants.REASON_CANNOT_ADD, "add", trigger)
+            return self._job_is_immutable(target, "add", trigger)
 
         def change(obj: JSON) -> JSON | None:
-            if is_opted_out(obj) or constants.LABEL_AUTO_TRACE in _labels(obj):
+            if mutation.auto_trace_label(obj) is not None:
                 return None  # labelled meanwhile (webhook, user opt-out): nothing to do
             mutated = mutation.inject(obj, settings)
-            return None if mutated == obj else mutated
+            return None if jsonpatch.same(mutated, obj) else mutated
 
-        return self._write(
-            target, change, trigger,
-            ok=(constants.REASON_ADDED, "Adding"),
-            failed=(constants.REASON_CANNOT_ADD, "Cannot add"),
-        )  # fmt: skip
+        return self._write(target, change, "add", trigger)
 
     def uninstrument(self, target: Target, trigger: str, component: str | None = None) -> Outcome:
         if target.resource is JOBS:
-            return self._job_is_immutable(
-                target, constants.REASON_CANNOT_REMOVE, "remove", trigger, component
-            )
+            return self._job_is_immutable(target, "remove", trigger, component)
 
         def change(obj: JSON) -> JSON | None:
             if not is_labelled_instrumented(obj):
                 return None
             cleaned = mutation.remove(obj)
-            if cleaned == obj:
+            if jsonpatch.same(cleaned, obj):
                 return None
             # Tell the webhook not to inject again on this very update (the reference handshake).
             labels = cleaned.setdefault("metadata", {}).setdefault("labels", {})
             labels[constants.LABEL_AUTO_TRACE] = constants.AUTO_TRACE_SKIP_NEXT_INJECTOR
             return cleaned
 
-        outcome = self._write(
-            target, change, trigger,
-            ok=(constants.REASON_REMOVED, "Removing"),
-            failed=(constants.REASON_CANNOT_REMOVE, "Cannot remove"),
-            component=component,
-        )  # fmt: skip
+        outcome = self._write(target, change, "remove", trigger, component)
         if outcome.changed and outcome.error is None:
             self._drop_leftover_skip_label(target)
         return outcome
@@ -173,10 +144,8 @@ class Instrumenter:
         self,
         target: Target,
         change: Callable[[JSON], JSON | None],
+        action: events.Action,
         trigger: str,
-        *,
-        ok: tuple[str, str],
-        failed: tuple[str, str],
         component: str | None = None,
     ) -> Outcome:
         component = component or self.component
@@ -186,31 +155,42 @@ class Instrumenter:
             )
         except ApiError as err:
             if err.not_found:
-                return Outcome(target, False)  # deleted meanwhile: nothing to instrument
-            message = f"{failed[1]} Lumigo instrumentation (trigger: {trigger}): {err.message}"
-            self._event_on(target, "Warning", failed[0], message, component)
-            return Outcome(target, False, err.message)
+                return Outcome(target, False)  # deleted meanwhile: nothing to do
+            return self._failed(target, action, trigger, component, err.message)
+        except mutation.MutationError as err:
+            return self._failed(target, action, trigger, component, str(err))
         if result is None:
             return Outcome(target, False)
-        message = f"{ok[1]} Lumigo instrumentation (trigger: {trigger})"
-        self.recorder.event(result, "Normal", ok[0], message, component)
+        self.recorder.event(
+            result, events.NORMAL, events.reason(action), events.message(action, trigger),
+            component,
+        )  # fmt: skip
         return Outcome(target, True)
 
-    def _job_is_immutable(
-        self, target: Target, reason: str, verb: str, trigger: str, component: str | None = None
+    def _failed(
+        self, target: Target, action: events.Action, trigger: str, component: str, error: str
     ) -> Outcome:
-        message = f"Cannot {verb} Lumigo instrumentation (trigger: {trigger}): {JOB_IMMUTABLE}"
-        self._event_on(target, "Warning", reason, message, component or self.component)
+        self._event_on(
+            target, events.reason(action, failed=True), events.message(action, trigger, error),
+            component,
+        )  # fmt: skip
+        return Outcome(target, False, error)
+
+    def _job_is_immutable(
+        self, target: Target, action: events.Action, trigger: str, component: str | None = None
+    ) -> Outcome:
+        self._event_on(
+            target, events.reason(action, failed=True),
+            events.message(action, trigger, JOB_IMMUTABLE), component or self.component,
+        )  # fmt: skip
         return Outcome(target, False)
 
-    def _event_on(
-        self, target: Target, type_: str, reason: str, message: str, component: str
-    ) -> None:
+    def _event_on(self, target: Target, reason: str, message: str, component: str) -> None:
         try:
             obj = self.client.get(target.resource, target.name, target.namespace)
         except ApiError:
             return
-        self.recorder.event(obj, type_, reason, message, component)
+        self.recorder.event(obj, events.WARNING, reason, message, component)
 
 
 def _labels(obj: JSON) -> dict[str, str]:

@@ -33,15 +33,14 @@ from controller import lumigo_status as st
 from controller.informer import Informer
 from controller.instrumentation import (
     Instrumenter,
-    Recorder,
     Target,
-    controller_trigger,
     is_labelled_instrumented,
 )
 from controller.kube import KubeClient
 from controller.manager import Result
 from controller.store import ObjectKey
-from webhook import mutation
+from webhook import events, mutation
+from webhook.mutation import is_deployment_owned
 
 log = logging.getLogger("lumigo.controller")
 
@@ -62,20 +61,13 @@ def creation_order(obj: JSON) -> tuple[str, str]:
     return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))
 
 
-def is_deployment_owned(obj: JSON) -> bool:
-    return obj.get("kind") == "ReplicaSet" and any(
-        ref.get("kind") == "Deployment" and str(ref.get("apiVersion", "")).startswith("apps/")
-        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-    )
-
-
 @dataclass
 class LumigoReconciler:
     client: KubeClient
     lumigoes: Informer
     workloads: dict[str, Informer]  # by kind; caches keep metadata projections only
     instrumenter: Instrumenter
-    recorder: Recorder
+    recorder: events.EventRecorder
     settings_for: SettingsFactory
     operator_version: str
     resync_period: float = 30.0
@@ -155,7 +147,7 @@ class LumigoReconciler:
                 targets.append(Target.of(obj))
         if not targets and not jobs:
             return
-        trigger = controller_trigger(namespace, name)
+        trigger = events.controller_trigger(namespace, name)
         settings = self.settings_for(spec)
         outcomes = self.instrumenter.instrument_all(sorted(targets, key=_target_order), settings,
                                                     trigger)  # fmt: skip
@@ -189,7 +181,7 @@ class LumigoReconciler:
                 if not is_deployment_owned(obj)
             ]
             outcomes = self.instrumenter.uninstrument_all(
-                sorted(targets, key=_target_order), controller_trigger(namespace, name)
+                sorted(targets, key=_target_order), events.controller_trigger(namespace, name)
             )
             failed = [o for o in outcomes if o.error]
             if failed:

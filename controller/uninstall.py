@@ -19,16 +19,10 @@ from api import constants
 from api.lumigo import InvalidSpecError, load_spec
 from api.resources import LUMIGOES, WORKLOADS, ApiError
 from controller import lumigo_status as st
-from controller.instrumentation import (
-    UNINSTALL_COMPONENT,
-    UNINSTALL_TRIGGER,
-    Instrumenter,
-    Target,
-    controller_trigger,
-    is_labelled_instrumented,
-)
+from controller.instrumentation import Instrumenter, Target, is_labelled_instrumented
 from controller.kube import KubeClient
-from controller.lumigo_controller import is_deployment_owned
+from webhook.events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER, controller_trigger
+from webhook.mutation import is_deployment_owned
 
 log = logging.getLogger("lumigo.uninstall")
 
