@@ -64,6 +64,19 @@ class _Discard:
         return
 
 
+def _noop(body: bytes, content_type: str) -> dict[str, Any]:
+    uid = json.loads(body)["request"]["uid"]
+    response = {"uid": uid, "allowed": True}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def _served() -> float:
+    value = REGISTRY.get_sample_value(
+        "controller_runtime_webhook_requests_total", {"webhook": PATH, "code": "200"}
+    )
+    return value or 0.0
+
+
 def deployments_file(directory: Path, prefix: str, count: int) -> Path:
     items = []
     for i in range(count):
@@ -86,6 +99,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--noop",
+        action="store_true",
+        help="a webhook that only echoes the uid (the floor: what any webhook call costs here)",
+    )
     parser.add_argument(
         "--no-events",
         action="store_true",
@@ -112,6 +130,8 @@ def main() -> int:
             InjectHandler(lister, events, InjectionSettings(operator_version="0.1.0")),
             MutateHandler(lister),
         )
+        if args.noop:
+            routes[PATH] = _noop
         tls = ServingTLS()
         server = AdmissionServer(routes, tls, ServerOptions(host="127.0.0.1", port=0))
         server.start()
@@ -132,6 +152,7 @@ def main() -> int:
                 probe = workloads.workload(DEPLOYMENTS, "probe")
 
                 def active() -> bool:
+                    before = _served()
                     created = kube.request(
                         "POST",
                         DEPLOYMENTS.path(instrumented),
@@ -139,6 +160,8 @@ def main() -> int:
                         body=probe,
                         retry=False,
                     )
+                    if args.noop:
+                        return _served() > before
                     return "lumigo-injector" in workloads.init_container_names(created)
 
                 wait_until(active, 60, "the webhook to be active")
@@ -152,13 +175,12 @@ def main() -> int:
                         path = deployments_file(Path(tmp), f"r{r}", args.count)
                         times[ns].append(timed_create(cluster, ns, path))
                 stored = kube.get(DEPLOYMENTS, "r0-0", instrumented)
-                assert "lumigo-injector" in workloads.init_container_names(stored)
+                injected = "lumigo-injector" in workloads.init_container_names(stored)
+                assert injected != args.noop
                 plain_obj = kube.get(DEPLOYMENTS, "r0-0", plain)
                 assert not workloads.init_container_names(plain_obj)
             accepted = server.accepted
-            admissions = REGISTRY.get_sample_value(
-                "controller_runtime_webhook_requests_total", {"webhook": PATH, "code": "200"}
-            )
+            admissions = _served()
             handler_seconds = REGISTRY.get_sample_value(
                 "controller_runtime_webhook_latency_seconds_sum", {"webhook": PATH}
             )
@@ -171,7 +193,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "benchmark": "webhook_apiserver",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "handler": "real",
+        "handler": "noop" if args.noop else "real",
         "events": not args.no_events,
         "count": args.count,
         "rounds": args.rounds,
@@ -185,12 +207,14 @@ def main() -> int:
         "target_ratio": 1.15,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before},
     }
-    results = Path(str(RESULTS).format("_no_events" if args.no_events else ""))
+    suffix = ("_noop" if args.noop else "") + ("_no_events" if args.no_events else "")
+    results = Path(str(RESULTS).format(suffix))
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"{args.count} Deployments via kubectl, median of {args.rounds}"
-        f"{'' if not args.no_events else ' (events dropped)'}: "
+        f"{' (no-op webhook)' if args.noop else ''}"
+        f"{' (events dropped)' if args.no_events else ''}: "
         f"instrumented {med[instrumented]:.2f} s, plain {med[plain]:.2f} s, ratio {ratio:.3f} "
         f"({result['per_create_overhead_ms']} ms per create)"
     )
