@@ -283,11 +283,12 @@ class Manager:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         transform: Transform | None = None,
         indexed_labels: tuple[str, ...] = (),
     ) -> Informer:
-        """The shared informer for this resource/namespace/selector (created on first use)."""
-        key = (resource, namespace, label_selector)
+        """The shared informer for this resource/namespace/selectors (created on first use)."""
+        key = (resource, namespace, label_selector, field_selector)
         with self._lock:
             informer = self._informers.get(key)
             if informer is None:
@@ -296,6 +297,7 @@ class Manager:
                     resource,
                     namespace=namespace,
                     label_selector=label_selector,
+                    field_selector=field_selector,
                     transform=transform,
                     indexed_labels=indexed_labels,
                 )

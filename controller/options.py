@@ -55,6 +55,7 @@ class RunOptions:
     cert_secret: str = "lumigo-lumigo-operator-lumigo-injector-webhook-certs"
     webhook_service: str = "lumigo-lumigo-operator-webhooks-service"
     webhook_configurations: list[str] = field(default_factory=list)
+    webhook_cert_extra_sans: list[str] = field(default_factory=list)
     ca_validity: float = 10 * 365 * 86400.0
     cert_validity: float = 365 * 86400.0
     ca_lookahead: float = 90 * 86400.0
@@ -70,6 +71,12 @@ class RunOptions:
     error_requeue: float = 5.0
     inject_concurrency: int = 8
     workers: int = 4
+    telemetry_proxy_deployment: str = "lumigo-lumigo-operator-telemetry-proxy"
+    telemetry_proxy_config_secret: str = "lumigo-lumigo-operator-telemetry-proxy-config"
+    telemetry_upstream_endpoint: str = ""
+    telemetry_upstream_logs_endpoint: str = ""
+    cluster_name: str = ""
+    deployment_method: str = "Helm"
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -97,6 +104,13 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="comma-separated MutatingWebhookConfiguration names whose caBundle we own",
     )
+    a(
+        "--webhook-cert-extra-sans",
+        type=lambda s: [x for x in s.split(",") if x],
+        default=[],
+        help="extra DNS names / IP addresses in the serving certificate (e.g. 127.0.0.1 for a "
+        "url: client config in a local cluster)",
+    )
     a("--ca-validity", type=parse_duration, default=d.ca_validity)
     a("--cert-validity", type=parse_duration, default=d.cert_validity)
     a("--ca-lookahead", type=parse_duration, default=d.ca_lookahead)
@@ -120,6 +134,24 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     a("--resync-period", type=parse_duration, default=d.resync_period)
     a("--inject-concurrency", type=int, default=d.inject_concurrency)
     a("--workers", type=int, default=d.workers, help="Lumigo reconcile workers")
+    a(
+        "--telemetry-proxy-deployment",
+        default=d.telemetry_proxy_deployment,
+        help="the telemetry proxy Deployment the operator configures ('' to disable)",
+    )
+    a("--telemetry-proxy-config-secret", default=d.telemetry_proxy_config_secret)
+    a(
+        "--telemetry-upstream-endpoint",
+        default=_env("LUMIGO_ENDPOINT", d.telemetry_upstream_endpoint),
+        help="where the proxy sends traces ('' = Lumigo's) [LUMIGO_ENDPOINT]",
+    )
+    a(
+        "--telemetry-upstream-logs-endpoint",
+        default=_env("LUMIGO_LOGS_ENDPOINT", d.telemetry_upstream_logs_endpoint),
+        help="where the proxy sends logs and Kubernetes events [LUMIGO_LOGS_ENDPOINT]",
+    )
+    a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", d.cluster_name))
+    a("--deployment-method", default=_env("LUMIGO_DEPLOYMENT_METHOD", d.deployment_method))
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:

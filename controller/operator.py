@@ -1,0 +1,234 @@
+"""`lumigo-operator run`: assemble the manager process from its parts.
+
+Every replica: informer caches, the HTTPS admission server, certificate (re)loading, the event
+recorder, probes and metrics. The Lease holder only: the Lumigo controller, the certificate
+writer (self mode) and the telemetry-proxy configuration.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from api import constants
+from api.resources import (
+    LUMIGOES,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    WORKLOADS,
+)
+from controller.events import EventRecorder
+from controller.informer import Informer, metadata_projection
+from controller.instrumentation import Instrumenter
+from controller.kube import KubeClient
+from controller.lumigo_controller import LumigoReconciler
+from controller.manager import Controller, Manager, ManagerOptions, Runnable
+from controller.options import RunOptions
+from controller.store import ObjectKey, key_of
+from controller.telemetry_config import DEFAULT_UPSTREAM, ProxySettings
+from controller.telemetry_reconciler import ProxyTarget, TelemetryProxyReconciler
+from webhook import events
+from webhook.cert_manager import CertWriter, FileCerts, SelfSignedCerts
+from webhook.certs import CertPolicy
+from webhook.inject_handler import InjectHandler
+from webhook.mutate_handler import MutateHandler
+from webhook.mutation import InjectionSettings
+from webhook.routing import admission_routes
+from webhook.server import AdmissionServer, ServerOptions
+from webhook.tls import ServingTLS
+
+log = logging.getLogger("lumigo.operator")
+
+JSON = dict[str, Any]
+
+
+class CacheNotSynced(RuntimeError):
+    pass
+
+
+class SyncedLister:
+    """The webhook's view of the Lumigo cache; refuses to answer before the first LIST, since
+    an empty answer would mean "no Lumigo here" and let workloads through uninstrumented."""
+
+    def __init__(self, informer: Informer) -> None:
+        self._informer = informer
+
+    def list(self, namespace: str) -> list[JSON]:
+        if not self._informer.has_synced():
+            raise CacheNotSynced("the Lumigo cache has not synced yet")
+        return self._informer.store.list(namespace)
+
+
+def _split_sans(sans: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    names, ips = [], []
+    for san in sans:
+        try:
+            ipaddress.ip_address(san)
+            ips.append(san)
+        except ValueError:
+            names.append(san)
+    return tuple(names), tuple(ips)
+
+
+def _labels_changed(old: JSON | None, new: JSON) -> bool:
+    """Workload events that matter to the Lumigo controller: creation, deletion, label changes
+    (instrumentation state lives in the `lumigo.auto-trace` label)."""
+    if old is None:
+        return True
+    return bool(
+        (old.get("metadata") or {}).get("labels") != (new.get("metadata") or {}).get("labels")
+    )
+
+
+def build(client: KubeClient, opts: RunOptions) -> Manager:
+    manager = Manager(
+        client,
+        ManagerOptions(
+            namespace=opts.namespace,
+            leader_election=opts.leader_elect,
+            leader_election_id=opts.leader_election_id,
+            health_probe_bind_address=opts.health_probe_bind_address,
+            metrics_bind_address=opts.metrics_bind_address,
+        ),
+    )
+    lumigoes = manager.informer(LUMIGOES)
+    workloads = {
+        r.kind: manager.informer(
+            r, transform=metadata_projection(), indexed_labels=(constants.LABEL_AUTO_TRACE,)
+        )
+        for r in WORKLOADS
+    }
+    recorder = EventRecorder(client)
+    manager.add_runnable(Runnable("event-recorder", recorder.start, recorder.stop))
+
+    settings = InjectionSettings(
+        operator_version=opts.operator_version,
+        injector_image=opts.injector_image,
+        telemetry_proxy_endpoint=opts.telemetry_proxy_endpoint,
+    )
+    _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder, settings=settings)
+
+    instrumenter = Instrumenter(
+        client,
+        recorder,
+        component=events.controller_component(opts.operator_version),
+        concurrency=opts.inject_concurrency,
+    )
+    reconciler = LumigoReconciler(
+        client=client,
+        lumigoes=lumigoes,
+        workloads=workloads,
+        instrumenter=instrumenter,
+        recorder=recorder,
+        settings_for=settings.for_spec,
+        operator_version=opts.operator_version,
+        resync_period=opts.resync_period,
+        error_requeue=opts.error_requeue,
+    )
+
+    def every_lumigo_in_namespace(obj: JSON) -> list[ObjectKey]:
+        namespace = key_of(obj).namespace
+        return [key_of(o) for o in lumigoes.store.list(namespace)] or [key_of(obj)]
+
+    def effective_lumigo(obj: JSON) -> list[ObjectKey]:
+        found = reconciler.effective_lumigo(key_of(obj).namespace)
+        return [key_of(found)] if found is not None else []
+
+    controller = Controller("lumigo", reconciler.reconcile, workers=opts.workers)
+    controller.watches(lumigoes, every_lumigo_in_namespace)
+    for informer in workloads.values():
+        controller.watches(informer, effective_lumigo, predicate=_labels_changed)
+    manager.add_controller(controller)
+
+    if opts.telemetry_proxy_deployment:
+        _add_telemetry(manager, client, opts, lumigoes)
+    return manager
+
+
+def _add_webhook(
+    manager: Manager,
+    client: KubeClient,
+    opts: RunOptions,
+    *,
+    lumigoes: Informer,
+    recorder: EventRecorder,
+    settings: InjectionSettings,
+) -> None:
+    lister = SyncedLister(lumigoes)
+    routes = admission_routes(InjectHandler(lister, recorder, settings), MutateHandler(lister))
+    tls = ServingTLS()
+    server = AdmissionServer(routes, tls, ServerOptions(host=opts.webhook_host,
+                                                        port=opts.webhook_port))  # fmt: skip
+    manager.add_runnable(Runnable("webhook-server", server.start, server.stop))
+    manager.probes.readyz["webhook-server"] = server.ready
+    if opts.cert_mode == "files":
+        files = FileCerts(tls, opts.cert_dir)
+        manager.add_runnable(Runnable("webhook-cert-files", files.start, files.stop))
+        manager.probes.readyz["webhook-certificate"] = files.ready
+        return
+    names, ips = _split_sans(opts.webhook_cert_extra_sans)
+    policy = CertPolicy(
+        service=opts.webhook_service,
+        namespace=opts.namespace,
+        ca_validity=dt.timedelta(seconds=opts.ca_validity),
+        serving_validity=dt.timedelta(seconds=opts.cert_validity),
+        ca_lookahead=dt.timedelta(seconds=opts.ca_lookahead),
+        serving_lookahead=dt.timedelta(seconds=opts.cert_lookahead),
+        extra_dns_names=names,
+        extra_ip_addresses=ips,
+    )
+    mutating = opts.webhook_configurations
+    writer = CertWriter(client, policy, opts.cert_secret, mutating=mutating,
+                        resync=opts.cert_check_interval)  # fmt: skip
+    replica = SelfSignedCerts(tls, policy, opts.cert_secret, mutating=mutating, kube=client)
+    # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
+    watched = [
+        manager.informer(
+            SECRETS, namespace=opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"
+        ),
+        *(
+            manager.informer(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
+            for n in mutating
+        ),
+    ]
+    for informer in watched:
+        informer.add_handler(replica)
+        informer.add_handler(writer)  # it only wakes its loop, which runs on the leader
+    manager.add_runnable(Runnable("webhook-certificates", replica.start, replica.stop))
+    manager.add_runnable(Runnable("webhook-cert-writer", writer.start, writer.stop,
+                                  leader_only=True))  # fmt: skip
+    manager.probes.readyz["webhook-certificate"] = replica.ready
+
+
+def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
+                   lumigoes: Informer) -> None:  # fmt: skip
+    target = ProxyTarget(
+        namespace=opts.namespace,
+        secret_name=opts.telemetry_proxy_config_secret,
+        deployment_name=opts.telemetry_proxy_deployment,
+    )
+    settings = ProxySettings(
+        upstream_endpoint=opts.telemetry_upstream_endpoint or DEFAULT_UPSTREAM,
+        upstream_logs_endpoint=opts.telemetry_upstream_logs_endpoint,
+        cluster_name=opts.cluster_name,
+        operator_version=opts.operator_version,
+        deployment_method=opts.deployment_method,
+        lease_namespace=opts.namespace,
+    )
+    telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)
+    manager.add_runnable(Runnable("telemetry-proxy-config", telemetry.start, telemetry.stop,
+                                  leader_only=True))  # fmt: skip
+
+
+def run(opts: RunOptions) -> int:
+    client = KubeClient.from_env(opts.kubeconfig)
+    manager = build(client, opts)
+    log.info(
+        "starting",
+        extra={"version": opts.operator_version, "namespace": opts.namespace,
+               "cert_mode": opts.cert_mode},
+    )  # fmt: skip
+    return manager.run()
