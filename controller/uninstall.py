@@ -67,7 +67,7 @@ def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) ->
             "finalizing a Lumigo resource ourselves (is the operator running?)",
             extra={
                 "namespace": lumigo["metadata"]["namespace"],
-                "name": lumigo["metadata"]["name"],
+                "lumigo": lumigo["metadata"]["name"],
             },
         )
         _finalize_here(client, instrumenter, lumigo, report)

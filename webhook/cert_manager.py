@@ -250,7 +250,7 @@ class CertWriter:
                     self._missing_logged.add(name)
                     log.warning(
                         "webhook configuration not found; its caBundle will be set when it appears",
-                        extra={"kind": resource.kind, "name": name},
+                        extra={"kind": resource.kind, "object": name},
                     )
                 continue
             self._missing_logged.discard(name)
@@ -308,7 +308,7 @@ class CertWriter:
         self.kube.json_patch(resource, name, ops)
         log.info(
             "webhook configuration caBundle updated",
-            extra={"kind": resource.kind, "name": name, "webhooks": len(ops) // 2},
+            extra={"kind": resource.kind, "object": name, "webhooks": len(ops) // 2},
         )
         return True
 

@@ -35,3 +35,26 @@ def test_json_lines_with_thread_local_context() -> None:
     assert after["level"] == "warning"
     assert "ValueError: boom" in failed["error"]
     logging.getLogger().handlers.clear()
+
+
+def test_no_log_call_overwrites_a_logrecord_attribute() -> None:
+    """`extra={"name": ...}` raises KeyError inside logging, i.e. at the worst moment."""
+    import ast
+    from pathlib import Path
+
+    reserved = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+    root = Path(__file__).resolve().parents[2]
+    offenders = []
+    for package in ("api", "webhook", "controller"):
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                for kw in node.keywords:
+                    if kw.arg == "extra" and isinstance(kw.value, ast.Dict):
+                        offenders += [
+                            f"{path.relative_to(root)}:{node.lineno} {k.value}"
+                            for k in kw.value.keys
+                            if isinstance(k, ast.Constant) and k.value in reserved
+                        ]
+    assert offenders == []

@@ -1,0 +1,194 @@
+"""The real `lumigo-operator run` process against the session's API server, for e2e-style tests.
+
+The operator runs exactly as in a cluster (leader election, self-managed certificates, webhook
+server, controllers), except that the API server reaches its webhooks through `url:` client
+configurations on 127.0.0.1 (the serving certificate gets 127.0.0.1 as an extra SAN) instead of a
+Service. The webhook configurations select namespaces carrying a per-operator label, so
+several test modules can share the session's cluster without seeing each other's webhooks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES
+from controller.kube import KubeClient
+from localcluster import LocalCluster, free_port, wait_until
+from tests.support.webhook_cluster import LUMIGO_RULES, WORKLOAD_RULES
+
+ROOT = Path(__file__).resolve().parents[2]
+JSON = dict[str, Any]
+
+
+class OperatorProcess:
+    """One operator process (restartable on the same ports) plus its webhook registrations."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        kube: KubeClient,
+        *,
+        namespace: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.cluster = cluster
+        self.kube = kube
+        self.id = uuid.uuid4().hex[:6]
+        self.namespace = namespace or f"lumigo-op-{self.id}"
+        self.selector_label = f"lumigo-test-operator-{self.id}"
+        self.webhook_port = free_port()
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.config_name = f"lumigo-test-{self.id}"
+        self.extra_args = extra_args
+        self.log_path = cluster.workdir / "logs" / f"operator-{self.id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def setup(self) -> OperatorProcess:
+        self.kube.create(
+            NAMESPACES,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}},
+        )
+        self.kube.create(MUTATING_WEBHOOK_CONFIGURATIONS, self.webhook_configuration())
+        return self
+
+    def args(self) -> list[str]:
+        return [
+            str(ROOT / ".venv" / "bin" / "lumigo-operator"),
+            "run",
+            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--namespace={self.namespace}",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={self.webhook_port}",
+            f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
+            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            "--cert-mode=self",
+            "--cert-secret=lumigo-webhook-certs",
+            "--webhook-service=lumigo-webhooks-service",
+            f"--webhook-configurations={self.config_name}",
+            "--webhook-cert-extra-sans=127.0.0.1",
+            "--telemetry-proxy-deployment=",
+            "--operator-version=0.1.0-test",
+            "--resync-period=3s",
+            "--log-level=debug",
+            *self.extra_args,
+        ]
+
+    def start(self) -> OperatorProcess:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"\n=== start #{self.starts} ===\n".encode())
+            self.proc = subprocess.Popen(
+                self.args(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> OperatorProcess:
+        def ready() -> bool:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
+            return self.probe("/readyz")[0] == 200
+
+        try:
+            wait_until(ready, timeout, "the operator to be ready")
+        except TimeoutError:
+            raise TimeoutError(f"{self.probe('/readyz?verbose')}\n{self.log_tail()}") from None
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def teardown(self) -> None:
+        self.stop()
+        self.kube.delete(MUTATING_WEBHOOK_CONFIGURATIONS, self.config_name)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def probe(self, path: str) -> tuple[int, str]:
+        port = self.metrics_port if path.startswith("/metrics") else self.health_port
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:  # noqa: S310
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+        except OSError as err:
+            return 0, str(err)
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def new_namespace(self, name: str | None = None) -> str:
+        """A namespace the operator's webhooks apply to."""
+        name = name or f"t-{uuid.uuid4().hex[:8]}"
+        self.kube.create(
+            NAMESPACES,
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": name, "labels": {self.selector_label: "true"}},
+            },
+        )
+        return name
+
+    def webhook_configuration(self) -> JSON:
+        base = f"https://127.0.0.1:{self.webhook_port}"
+        selector = {"matchLabels": {self.selector_label: "true"}}
+
+        def hook(name: str, path: str, rules: list[JSON], policy: str) -> JSON:
+            return {
+                "name": name,
+                "clientConfig": {"url": f"{base}{path}"},  # caBundle: written by the operator
+                "rules": rules,
+                "failurePolicy": policy,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 5,
+                "namespaceSelector": selector,
+            }
+
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": self.config_name},
+            "webhooks": [
+                hook("lumigoinjector.kb.io", "/v1alpha1/inject", WORKLOAD_RULES, "Ignore"),
+                hook("lumigodefaulter.kb.io", "/v1alpha1/mutate", LUMIGO_RULES, "Fail"),
+            ],
+        }
+
+    def uninstall(self, timeout: str = "60s") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "lumigo-operator"), "uninstall",
+             f"--kubeconfig={self.cluster.kubeconfig}", f"--timeout={timeout}"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
