@@ -111,7 +111,11 @@ class KubeClient:
     # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_kubeconfig(cls, path: str | os.PathLike[str], **kwargs: Any) -> KubeClient:
-        return cls(pykube.KubeConfig.from_file(str(path)), **kwargs)
+        try:
+            config = pykube.KubeConfig.from_file(str(path))
+        except (pykube.exceptions.PyKubeError, OSError, KeyError, ValueError) as err:
+            raise ValueError(f"cannot load kubeconfig {path}: {err}") from None
+        return cls(config, **kwargs)
 
     @classmethod
     def in_cluster(cls, **kwargs: Any) -> KubeClient:

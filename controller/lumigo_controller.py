@@ -7,8 +7,8 @@ the API server, and makes it so — so a crash at any point is repaired by the n
   get the reference's Error condition.
 - Instrumentation: every workload without a `lumigo.auto-trace` label in an active namespace is
   instrumented by the controller if `injectLumigoIntoExistingResourcesOnCreation` is set, or if it
-  was created after the Lumigo resource (the webhook should have done it, but it was down: its
-  failurePolicy is Ignore). Deployment-owned ReplicaSets follow their Deployment; Jobs cannot be
+  was created after the Lumigo became active (the webhook should have done it, but it was down:
+  its failurePolicy is Ignore). Deployment-owned ReplicaSets follow their Deployment; Jobs cannot be
   changed and get an event instead, once, on first activation.
 - Deletion: with the finalizer in place, instrumentation is removed (if the spec says so) before
   the finalizer is dropped, with a resourceVersion precondition so that only ours goes.
@@ -129,7 +129,16 @@ class LumigoReconciler:
         if not injection.enabled:
             return
         namespace, name = lumigo["metadata"]["namespace"], lumigo["metadata"]["name"]
-        created = str(lumigo["metadata"].get("creationTimestamp", ""))
+        # Workloads created after activation should have been injected by the webhook; if they
+        # were not (it was down: failurePolicy Ignore), the controller repairs them. Strictly
+        # after: creation timestamps have a one-second resolution, and a workload from the same
+        # second may well predate the activation.
+        active = st.condition(lumigo.get("status"), constants.CONDITION_ACTIVE)
+        activated = (
+            str(active.get("lastTransitionTime", ""))
+            if active is not None and active.get("status") == "True"
+            else _now()
+        )
         inject_existing = injection.inject_lumigo_into_existing_resources_on_creation
         targets: list[Target] = []
         jobs: list[Target] = []
@@ -137,7 +146,7 @@ class LumigoReconciler:
             for obj in informer.store.by_label(constants.LABEL_AUTO_TRACE, None, namespace):
                 if is_deployment_owned(obj) or (obj.get("metadata") or {}).get("deletionTimestamp"):
                     continue
-                newer = str(obj["metadata"].get("creationTimestamp", "")) >= created
+                newer = str(obj["metadata"].get("creationTimestamp", "")) > activated
                 if not (inject_existing or newer):
                     continue
                 if kind == "Job":
@@ -161,10 +170,14 @@ class LumigoReconciler:
             )
 
     def _instrumented(self, namespace: str) -> list[JSON]:
-        refs = []
-        for informer in self.workloads.values():
-            for obj in informer.store.list(namespace, is_labelled_instrumented):
-                refs.append(st.instrumented_reference(obj))
+        """Labelled workloads; Deployment-owned ReplicaSets inherit the label from the template
+        but are their Deployment's business (old revisions would pile up in the list)."""
+        refs = [
+            st.instrumented_reference(obj)
+            for informer in self.workloads.values()
+            for obj in informer.store.list(namespace, is_labelled_instrumented)
+            if not is_deployment_owned(obj)
+        ]
         return st.sort_instrumented(refs)
 
     # -- deletion ------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ class OperatorProcess:
     def probe(self, path: str) -> tuple[int, str]:
         port = self.metrics_port if path.startswith("/metrics") else self.health_port
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:  # noqa: S310
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()

@@ -1,0 +1,301 @@
+"""The Lumigo controller as users see it: the real operator process, the seed README's YAML."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api import constants
+from api.resources import (
+    CRONJOBS,
+    DAEMONSETS,
+    DEPLOYMENTS,
+    JOBS,
+    LUMIGOES,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    PODS,
+    REPLICASETS,
+    STATEFULSETS,
+)
+from controller.kube import KubeClient
+from localcluster import LocalCluster, wait_until
+from tests.support.checks import (
+    TOKEN,
+    clean,
+    condition,
+    create,
+    events_of,
+    has_event,
+    instrumented,
+    is_active,
+    lumigo_yaml,
+    status,
+)
+from tests.support.lumigo import create_token_secret
+from tests.support.operator import OperatorProcess
+from tests.support.workloads import workload
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"
+PREFIX = "invalid Lumigo token secret reference: "
+JSON = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: LocalCluster, kube: KubeClient, crd: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, kube).setup()
+    op.start().wait_ready()
+    yield op
+    op.teardown()
+
+
+def test_readme_quick_start_instruments_existing_workloads(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    existing = [(DAEMONSETS, "ds"), (DEPLOYMENTS, "deploy"), (REPLICASETS, "rs"),
+                (STATEFULSETS, "sts"), (CRONJOBS, "cron")]  # fmt: skip
+    for resource, name in existing:
+        create(kube, ns, resource, name)
+    create(kube, ns, JOBS, "job")
+    create(kube, ns, DEPLOYMENTS, "opted-out", **{constants.LABEL_AUTO_TRACE: "false"})
+
+    cluster.kubectl("apply", "-n", ns, "-f", str(SAMPLE))  # the seed README's YAML, verbatim
+
+    wait_until(lambda: len(status(kube, ns).get("instrumentedResources", [])) == 5, 60,
+               "5 instrumented resources in the status")  # fmt: skip
+    listed = [(r["kind"], r["name"]) for r in status(kube, ns)["instrumentedResources"]]
+    assert listed == [("DaemonSet", "ds"), ("Deployment", "deploy"), ("ReplicaSet", "rs"),
+                      ("StatefulSet", "sts"), ("CronJob", "cron")]  # fmt: skip
+    for ref in status(kube, ns)["instrumentedResources"]:
+        assert set(ref) == {"apiVersion", "kind", "name", "namespace", "resourceVersion", "uid"}
+    for resource, name in existing:
+        obj = kube.get(resource, name, ns)
+        assert instrumented(obj), name
+        wait_until(
+            lambda n=name: has_event(kube, ns, n, "LumigoAddedInstrumentation",
+                                     f"controller, acting on behalf of the '{ns}/lumigo'"),
+            30, f"the Added event on {name}",
+        )  # fmt: skip
+    assert clean(kube.get(DEPLOYMENTS, "opted-out", ns))
+    assert clean(kube.get(JOBS, "job", ns))
+    wait_until(
+        lambda: has_event(
+            kube, ns, "job", "LumigoCannotAddInstrumentation",
+            "the PodSpec of batchv1.Job resources is immutable once the job has been created",
+        ), 30, "the Job's immutability event",
+    )  # fmt: skip
+    assert not events_of(kube, ns, "opted-out")  # opting out is not worth a Warning
+
+    lumigo = kube.get(LUMIGOES, "lumigo", ns)
+    assert constants.FINALIZER in lumigo["metadata"]["finalizers"]
+    active = condition(kube, ns, "Active")
+    assert active is not None
+    assert (active["status"], active["message"], active["reason"]) == (
+        "True", "Lumigo is ready", "LumigoIsReady",
+    )  # fmt: skip
+    assert active["observedGeneration"] == lumigo["metadata"]["generation"]
+    error = condition(kube, ns, "Error")
+    assert error is None or error["status"] == "False"
+
+    # Created afterwards: injected by the webhook, listed by the controller.
+    after = create(kube, ns, DEPLOYMENTS, "after")
+    assert instrumented(after)
+    wait_until(lambda: len(status(kube, ns)["instrumentedResources"]) == 6, 30, "6 listed")
+    table = cluster.kubectl("get", "lumigoes", "-n", ns)
+    assert table.splitlines()[1].split()[:2] == ["lumigo", "True"]
+
+
+def test_status_is_written_only_when_something_changed(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    before = kube.get(LUMIGOES, "lumigo", ns)["metadata"]["resourceVersion"]
+    time.sleep(10)  # an observation window: three resync periods (3 s) with nothing to change
+    assert kube.get(LUMIGOES, "lumigo", ns)["metadata"]["resourceVersion"] == before
+
+
+def test_deleting_the_lumigo_removes_the_instrumentation(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    create(kube, ns, DEPLOYMENTS, "old")
+    create(kube, ns, CRONJOBS, "cron")
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", str(SAMPLE))
+    wait_until(lambda: len(status(kube, ns).get("instrumentedResources", [])) == 2, 60, "2 listed")
+    create(kube, ns, DEPLOYMENTS, "new")
+    create(kube, ns, JOBS, "job")
+    assert instrumented(kube.get(DEPLOYMENTS, "new", ns))
+    assert instrumented(kube.get(JOBS, "job", ns))  # jobs are injected at creation
+
+    cluster.kubectl("delete", "lumigo", "lumigo", "-n", ns, "--wait=false")
+    wait_until(lambda: kube.get_or_none(LUMIGOES, "lumigo", ns) is None, 60, "the Lumigo to go")
+    for resource, name in ((DEPLOYMENTS, "old"), (DEPLOYMENTS, "new"), (CRONJOBS, "cron")):
+        obj = kube.get(resource, name, ns)
+        assert clean(obj), name
+        wait_until(lambda n=name: has_event(kube, ns, n, "LumigoRemovedInstrumentation"), 30,
+                   f"the Removed event on {name}")  # fmt: skip
+    wait_until(
+        lambda: has_event(kube, ns, "job", "LumigoCannotRemoveInstrumentation", "immutable"), 30,
+        "the Job's CannotRemove event",
+    )  # fmt: skip
+    # The webhook did not re-inject on the removal's own update (the skip-next-injector handshake)
+    # and did not leave its handshake label behind.
+    labels = kube.get(DEPLOYMENTS, "new", ns)["metadata"].get("labels") or {}
+    assert constants.LABEL_AUTO_TRACE not in labels
+    # Without a Lumigo, new workloads are left alone.
+    assert clean(create(kube, ns, DEPLOYMENTS, "later"))
+
+
+def test_the_settings_flags_are_honoured(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    create(kube, ns, DEPLOYMENTS, "existing")
+    create_token_secret(kube, ns, TOKEN)
+    spec = {"tracing": {"injection": {"injectLumigoIntoExistingResourcesOnCreation": False,
+                                      "removeLumigoFromResourcesOnDeletion": False}}}  # fmt: skip
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml(**spec))
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    new = create(kube, ns, DEPLOYMENTS, "new")
+    assert instrumented(new)
+    wait_until(lambda: len(status(kube, ns)["instrumentedResources"]) == 1, 30, "1 listed")
+    assert clean(kube.get(DEPLOYMENTS, "existing", ns))  # not touched on activation
+    cluster.kubectl("delete", "lumigo", "lumigo", "-n", ns, "--wait=false")
+    wait_until(lambda: kube.get_or_none(LUMIGOES, "lumigo", ns) is None, 60, "the Lumigo to go")
+    assert instrumented(kube.get(DEPLOYMENTS, "new", ns))  # not removed on deletion
+
+
+def test_injection_disabled_means_no_injection_at_all(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    create(kube, ns, DEPLOYMENTS, "existing")
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", "-",
+                    input=lumigo_yaml(tracing={"injection": {"enabled": False}}))  # fmt: skip
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    assert clean(create(kube, ns, DEPLOYMENTS, "new"))
+    assert clean(kube.get(DEPLOYMENTS, "existing", ns))
+    assert status(kube, ns)["instrumentedResources"] == []
+
+
+@pytest.mark.parametrize(
+    ("secret", "message"),
+    [
+        (None, "cannot retrieve secret '{ns}/lumigo-credentials'"),
+        ({"other": TOKEN}, "the secret '{ns}/lumigo-credentials' does not have the key 'token'"),
+        ({"token": "not-a-token"}, "the value of the field 'token' of the secret "
+         "'{ns}/lumigo-credentials' does not match the expected structure of Lumigo tokens"),
+    ],
+)  # fmt: skip
+def test_a_bad_secret_is_an_error_until_it_is_fixed(
+    operator: OperatorProcess,
+    cluster: LocalCluster,
+    kube: KubeClient,
+    secret: dict[str, str] | None,
+    message: str,
+) -> None:
+    ns = operator.new_namespace()
+    create(kube, ns, DEPLOYMENTS, "waiting")
+    if secret is not None:
+        cluster.kubectl("create", "secret", "generic", "lumigo-credentials", "-n", ns,
+                        *(f"--from-literal={k}={v}" for k, v in secret.items()))  # fmt: skip
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    expected = PREFIX + message.format(ns=ns)
+    wait_until(lambda: (condition(kube, ns, "Error") or {}).get("status") == "True", 60, "Error")
+    error = condition(kube, ns, "Error")
+    assert error is not None
+    assert error["message"].startswith(expected)
+    assert error["reason"] == "InvalidTokenSecret"
+    assert TOKEN not in json.dumps(status(kube, ns))
+    assert condition(kube, ns, "Active") is None  # never active yet: no Active condition
+    assert clean(kube.get(DEPLOYMENTS, "waiting", ns))
+    table = cluster.kubectl("get", "lumigoes", "-n", ns)
+    assert PREFIX.strip() in table  # the printer column says what to fix
+
+    # Fixing the Secret activates the Lumigo and instruments what exists.
+    cluster.kubectl("delete", "secret", "lumigo-credentials", "-n", ns, "--ignore-not-found")
+    create_token_secret(kube, ns, TOKEN)
+    wait_until(lambda: is_active(kube, ns), 60, "Active after the fix")
+    wait_until(lambda: instrumented(kube.get(DEPLOYMENTS, "waiting", ns)), 30, "instrumented")
+    assert (condition(kube, ns, "Error") or {}).get("status") == "False"
+
+
+def test_a_second_lumigo_is_denied_or_flagged(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    second = lumigo_yaml().replace('"name": "lumigo"}', '"name": "second"}')
+    out = cluster.kubectl("apply", "-n", ns, "-f", "-", input=second, check=False)
+    assert (
+        "There is already an instance of operator.lumigo.io/v1alpha1.Lumigo in the "
+        f"'{ns}' namespace"
+    ) in out
+
+    # Created anyway while the defaulter is not registered: the controller flags it.
+    config = kube.get(MUTATING_WEBHOOK_CONFIGURATIONS, operator.config_name)
+    kube.json_patch(MUTATING_WEBHOOK_CONFIGURATIONS, operator.config_name,
+                    [{"op": "remove", "path": "/webhooks/1"}])  # fmt: skip
+    try:
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input=second)
+    finally:
+        restore = [{"op": "add", "path": "/webhooks/1", "value": config["webhooks"][1]}]
+        kube.json_patch(MUTATING_WEBHOOK_CONFIGURATIONS, operator.config_name, restore)
+    wait_until(
+        lambda: (condition(kube, ns, "Error", "second") or {}).get("message")
+        == "other Lumigo instances in this namespace",
+        60, "the second Lumigo's Error",
+    )  # fmt: skip
+    assert (condition(kube, ns, "Active", "second") or {}).get("status") != "True"
+    assert is_active(kube, ns)  # the oldest stays active
+
+
+def test_deleted_lumigo_rolls_pods_back(
+    operator: OperatorProcess, full_cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    full_cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    body = workload(DEPLOYMENTS, "web")
+    body["spec"]["replicas"] = 1
+    kube.create(DEPLOYMENTS, body, ns)
+
+    def pods() -> list[JSON]:
+        items, _ = kube.list(PODS, ns)
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def running(injected: bool) -> bool:
+        current = pods()
+        return (
+            len(current) == 1
+            and current[0]["status"].get("phase") == "Running"
+            and (
+                "lumigo-injector"
+                in [c["name"] for c in current[0]["spec"].get("initContainers", [])]
+            )
+            == injected
+        )
+
+    wait_until(lambda: running(injected=True), 90, "an injected Running pod")
+    env = {e["name"]: e for e in pods()[0]["spec"]["containers"][0]["env"]}
+    assert env["LD_PRELOAD"]["value"] == "/opt/lumigo/injector/lumigo_injector.so"
+    assert env["LUMIGO_TRACER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "lumigo-credentials", "key": "token", "optional": True,
+    }  # fmt: skip
+    full_cluster.kubectl("delete", "lumigo", "lumigo", "-n", ns)
+    wait_until(lambda: running(injected=False), 90, "the pod rolled back to un-injected")
+    assert clean(kube.get(DEPLOYMENTS, "web", ns))
