@@ -1,4 +1,6 @@
-"""Helpers for the packaging tests: run the pinned tools, render the chart, clean up after Helm.
+"""Helpers for the packaging tests: run the pinned tools, render the chart, clean up after Helm,
+ask the API server what an installed ServiceAccount may do, and run an install's manager as a
+local process.
 
 Everything runs the real binaries from bin/ (built by hack/install-tools) against the session's
 real kube-apiserver; a failing command fails the test with its full output.
@@ -13,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +23,17 @@ from typing import Any
 
 import yaml
 
+from api import constants
+from api.resources import LUMIGOES, NAMESPACES
+from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
+from tests.support.operator import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
 CHART = ROOT / "charts" / "lumigo-operator"
 CRD_NAME = "lumigoes.operator.lumigo.io"
+OPERATOR_SA = "lumigo-kubernetes-operator"
 # Helm keeps its caches and repository config here, not in the user's home; removed at exit.
 HELM_HOME = Path(tempfile.mkdtemp(prefix="lumigo-helm-home-"))
 atexit.register(shutil.rmtree, HELM_HOME, ignore_errors=True)
@@ -190,3 +198,213 @@ def restricted_namespace(cluster: LocalCluster, name: str) -> Iterator[str]:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
+
+
+# --- what installed ServiceAccounts may do -------------------------------------------------
+
+
+def can_i(cluster: LocalCluster, namespace: str, sa: str, *args: str) -> bool:
+    """`kubectl auth can-i` as system:serviceaccount:<namespace>:<sa>."""
+    out = cluster.kubectl(
+        "auth", "can-i", *args, f"--as=system:serviceaccount:{namespace}:{sa}", check=False
+    )
+    return out.strip().splitlines()[0] == "yes"
+
+
+def denied(cluster: LocalCluster, namespace: str, sa: str, checks: list[list[str]]) -> list[str]:
+    """The checks the API server refuses to the ServiceAccount ([] when all are allowed)."""
+    return [" ".join(c) for c in checks if not can_i(cluster, namespace, sa, *c)]
+
+
+def telemetry_reconciler_requests(namespace: str, fullname: str) -> list[list[str]]:
+    """Every request controller/telemetry_reconciler.py makes, as `kubectl auth can-i` args."""
+    deployment = f"deployments.apps/{fullname}-telemetry-proxy"
+    secret = f"secrets/{fullname}-telemetry-proxy-config"
+    return [
+        ["list", "lumigoes.operator.lumigo.io", "--all-namespaces"],  # the shared informer
+        ["watch", "lumigoes.operator.lumigo.io", "--all-namespaces"],
+        ["get", "secrets/lumigo-credentials", "-n", "some-app"],  # each namespace's token
+        ["get", "namespaces/some-app"],  # its UID
+        ["get", "namespaces/kube-system"],  # the cluster's UID
+        ["get", deployment, "-n", namespace],  # owner of the Secret, current hash
+        ["patch", deployment, "-n", namespace],  # the rollout
+        ["create", "secrets", "-n", namespace],  # the configuration
+        ["get", secret, "-n", namespace],
+        ["update", secret, "-n", namespace],
+    ]
+
+
+PROXY_READS = (
+    "pods", "events", "namespaces", "deployments.apps", "daemonsets.apps", "replicasets.apps",
+    "statefulsets.apps", "cronjobs.batch", "jobs.batch",
+)  # fmt: skip
+
+
+def telemetry_proxy_requests(namespace: str, fullname: str) -> list[list[str]]:
+    """What the rendered collector configuration reads (k8s_attributes, k8s_objects, the cluster
+    UID) and its Lease, as `kubectl auth can-i` args, for the proxy's ServiceAccount."""
+    lease = f"leases.coordination.k8s.io/{fullname}-telemetry-proxy-k8s-objects"
+    checks = [
+        ["get", "namespaces/kube-system"],
+        ["create", "leases.coordination.k8s.io", "-n", namespace],
+        ["get", lease, "-n", namespace],
+        ["update", lease, "-n", namespace],
+    ]
+    for resource in PROXY_READS:
+        checks += [[verb, resource, "--all-namespaces"] for verb in ("list", "watch")]
+    return checks
+
+
+# --- an install's manager as a local process ----------------------------------------------
+
+
+def service_account_kubeconfig(cluster: LocalCluster, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig authenticating as a ServiceAccount with a TokenRequest token, like a pod's:
+    whatever runs with it has exactly the install's RBAC."""
+    token = cluster.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").strip()
+    config = json.loads(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": sa, "user": {"token": token}}]
+    config["contexts"] = [{"name": sa, "context": {"cluster": "local", "user": sa}}]
+    config["current-context"] = sa
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion of env values, for variables defined earlier."""
+    for name, known in env.items():
+        value = value.replace(f"$({name})", known)
+    return value
+
+
+class InstalledOperator(OperatorProcess):
+    """The manager of a kubectl or Helm install, run as a local process: the container's own
+    args and env read from the installed Deployment (as the kubelet would pass them), the
+    install's ServiceAccount token, only the listening addresses moved to 127.0.0.1.
+
+    kwok runs no containers, so the API server cannot reach a webhook Service; `setup()` points
+    the install's two webhook configurations at this process with `url:` client configurations
+    (the operator writes their caBundle itself). `teardown()` deletes them again, strips the
+    finalizer of any Lumigo left in the namespaces made by `new_namespace()` (nothing would
+    process it once the operator is gone), stops the process and deletes those namespaces.
+    """
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        kube: KubeClient,
+        *,
+        namespace: str,
+        deployment: str,
+        kubeconfig: Path,
+    ) -> None:
+        super().__init__(cluster, kube, namespace=namespace)
+        pod = get_json(cluster, "deployment", deployment, "-n", namespace)["spec"]["template"]
+        (self.container,) = [c for c in pod["spec"]["containers"] if c["name"] == "manager"]
+        self.kubeconfig = kubeconfig
+        flags = dict(a.split("=", 1) for a in self.container["args"] if "=" in a)
+        self.webhook_configurations = flags["--webhook-configurations"].split(",")
+        self.app_namespaces: list[str] = []
+
+    def pod_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for var in self.container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = _expand(var["value"], env)
+            elif var["valueFrom"].get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
+                env[var["name"]] = self.namespace
+            else:
+                raise AssertionError(f"cannot emulate env var {var}")
+        return env
+
+    def args(self) -> list[str]:
+        env = [f"{k}={v}" for k, v in self.pod_env().items()]
+        return [
+            "/usr/bin/env", *env,  # exec'd in place: the process group is the operator's
+            str(ROOT / ".venv" / "bin" / "lumigo-operator"), "run", *self.container["args"],
+            # argparse keeps the last value: only where it listens and how it reaches the API.
+            f"--kubeconfig={self.kubeconfig}",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={self.webhook_port}",
+            f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
+            f"--metrics-bind-address=127.0.0.1:{self.metrics_port}",
+            "--webhook-cert-extra-sans=127.0.0.1",
+        ]  # fmt: skip
+
+    def setup(self) -> InstalledOperator:
+        for name in self.webhook_configurations:
+            config = get_json(self.cluster, "mutatingwebhookconfiguration", name)
+            patch = []
+            for i, webhook in enumerate(config["webhooks"]):
+                path = webhook["clientConfig"]["service"]["path"]
+                patch += [
+                    {"op": "remove", "path": f"/webhooks/{i}/clientConfig/service"},
+                    {"op": "add", "path": f"/webhooks/{i}/clientConfig/url",
+                     "value": f"https://127.0.0.1:{self.webhook_port}{path}"},
+                ]  # fmt: skip
+            self.cluster.kubectl(
+                "patch", "mutatingwebhookconfiguration", name, "--type=json", "-p",
+                json.dumps(patch),
+            )  # fmt: skip
+        return self
+
+    def new_namespace(self, name: str | None = None) -> str:
+        name = name or f"t-app-{uuid.uuid4().hex[:6]}"
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        self.kube.create(NAMESPACES, body)
+        self.app_namespaces.append(name)
+        return name
+
+    def teardown(self) -> None:
+        for name in self.webhook_configurations:
+            self.cluster.kubectl(
+                "delete", "mutatingwebhookconfiguration", name, "--ignore-not-found", check=False
+            )
+        for namespace in self.app_namespaces:
+            items, _ = self.kube.list(LUMIGOES, namespace)
+            for lumigo in items:
+                if constants.FINALIZER in (lumigo["metadata"].get("finalizers") or []):
+                    self.kube.merge_patch(
+                        LUMIGOES, lumigo["metadata"]["name"], {"metadata": {"finalizers": []}},
+                        namespace,
+                    )  # fmt: skip
+        self.stop()
+        for namespace in self.app_namespaces:
+            self.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@contextlib.contextmanager
+def installed_operator(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, deployment: str, workdir: Path
+) -> Iterator[InstalledOperator]:
+    """The install's manager, ready, as its own ServiceAccount; cleaned up whatever happens."""
+    kubeconfig = service_account_kubeconfig(
+        cluster, namespace, OPERATOR_SA, workdir / "operator.kubeconfig"
+    )
+    operator = InstalledOperator(
+        cluster, kube, namespace=namespace, deployment=deployment, kubeconfig=kubeconfig
+    )
+    try:
+        operator.setup().start().wait_ready()
+        yield operator
+    finally:
+        operator.teardown()
+
+
+def is_injected(obj: dict[str, Any]) -> bool:
+    """Stored with the instrumentation of the installed operator's version."""
+    labels = obj["metadata"].get("labels") or {}
+    pod = obj["spec"]["template"]
+    init = [c["name"] for c in pod["spec"].get("initContainers") or []]
+    return (
+        labels.get(constants.LABEL_AUTO_TRACE, "").startswith("lumigo-operator.v")
+        and init == ["lumigo-injector"]
+        and all(
+            any(e["name"] == "LD_PRELOAD" for e in c.get("env", []))
+            for c in pod["spec"]["containers"]
+        )
+    )

@@ -1,9 +1,10 @@
 """The Helm chart: lint, render, dry-run on the real API server, install/upgrade/uninstall on the
-full local cluster (kwok runs the pods, so the Deployment becomes Available without images).
+full local cluster (kwok runs the pods, so the Deployments become Available without images).
 
-The test that runs `lumigo-operator uninstall` after `helm uninstall` (the hook's logic, as a local
-process, since kwok does not run containers) belongs with the manager CLI: use the `release`
-fixture below, which guarantees the cleanup.
+kwok runs no containers: for the uninstall flow the manager runs as a local process (the
+installed Deployment's args and env, the installed ServiceAccount's token), and the pre-delete
+hook's logic, `lumigo-operator uninstall`, runs as a local process under the hook's own
+ServiceAccount and RBAC, taken from the hooks Helm stored for the release.
 """
 
 from __future__ import annotations
@@ -17,24 +18,40 @@ from typing import Any
 
 import pytest
 
+from api import constants
+from api.resources import DEPLOYMENTS, LUMIGOES
+from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CHART,
     CRD_NAME,
+    OPERATOR_SA,
     ROOT,
     HelmRelease,
+    denied,
     deployment_available,
     exists,
     find,
     get_json,
     helm,
+    installed_operator,
+    is_injected,
     load_docs,
     load_file,
     render_chart,
     restricted_namespace,
+    run,
+    service_account_kubeconfig,
+    telemetry_proxy_requests,
+    telemetry_reconciler_requests,
 )
+from tests.support.checks import clean, has_event, is_active
+from tests.support.workloads import workload
+from webhook.events import UNINSTALL_TRIGGER
 
 TOKEN = "t_0123456789abcdef01234"  # well-formed, not a real token
+SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"
+TOKEN_IN_SAMPLE = "t_123456789012345678901"
 
 
 def non_default_values(monitored_namespace: str) -> dict[str, Any]:
@@ -70,8 +87,26 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
                 "image": {"repository": "registry.example.com/lumigo/autotrace", "tag": "v9.9.9"}
             }
         },
-        "endpoint": {"otlp": {"url": "https://otlp.example.com"}},
-        "telemetryProxy": {"replicas": 2},
+        "endpoint": {
+            "otlp": {"url": "https://otlp.example.com", "logs_url": "https://logs.example.com"}
+        },
+        "telemetryProxy": {
+            "replicas": 2,
+            "image": {
+                "repository": "registry.example.com/otel/collector",
+                "tag": "0.152.0-1",
+                "pullPolicy": "Always",
+            },
+            "resources": {
+                "limits": {"cpu": "2", "memory": "2Gi"},
+                "requests": {"cpu": "1", "memory": "1Gi"},
+            },
+            "goMemLimit": "1600MiB",
+        },
+        "global": {
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+        },
         "imagePullSecrets": [{"name": "regcred"}],
         "lumigoToken": {"secretName": "my-lumigo-token", "secretKey": "lumigo", "value": TOKEN},
         "monitoredNamespaces": [{"namespace": monitored_namespace, "loggingEnabled": True}],
@@ -113,6 +148,11 @@ def test_helm_lint_strict_is_clean_with_non_default_values(tmp_path: Path) -> No
         ("controllerManager.manager.image.pullPolicy=Sometimes", "pullPolicy"),
         ("monitoredNamespaces[0].namespace=Not_A_Namespace", "namespace"),
         ("unknownKnob=1", "unknownKnob"),
+        ("telemetryProxy.goMemLimit=lots", "goMemLimit"),
+        ("telemetryProxy.image.pullPolicy=Sometimes", "pullPolicy"),
+        ("telemetryProxy.replica=2", "replica"),
+        ("endpoint.otlp.url=otlp.example.com", "url"),
+        ("endpoint.otlp.logsUrl=https://x.example.com", "logsUrl"),
     ],
 )
 def test_values_schema_rejects_bad_values(setting: str, words: str) -> None:
@@ -131,10 +171,13 @@ def test_default_render_has_no_key_material_and_labels_operator_workloads() -> N
             for webhook in hook["webhooks"]:
                 assert "caBundle" not in webhook["clientConfig"]
     deployment = find(docs, "Deployment", "lumigo-lumigo-operator-controller-manager")
+    proxy = find(docs, "Deployment", "lumigo-lumigo-operator-telemetry-proxy")
     job = find(docs, "Job", "lumigo-lumigo-operator-uninstall-hook")
-    for workload in (deployment, job):
-        assert workload["metadata"]["labels"]["lumigo.auto-trace"] == "false"
-        assert workload["spec"]["template"]["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    for operator_workload in (deployment, proxy, job):
+        labels = operator_workload["metadata"]["labels"]
+        assert labels["lumigo.auto-trace"] == "false"
+        pod_labels = operator_workload["spec"]["template"]["metadata"]["labels"]
+        assert pod_labels["lumigo.auto-trace"] == "false"
     crd = find(docs, "CustomResourceDefinition", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
@@ -191,6 +234,37 @@ def test_non_default_values_are_rendered() -> None:
     injector_name = "acme-tracing-injector-webhook-configuration"
     defaulter_name = "acme-tracing-defaulter-webhook-configuration"
     assert f"--webhook-configurations={injector_name},{defaulter_name}" in container["args"]
+    # The telemetry proxy: where the operator finds it, where it sends, what it is called.
+    assert container["args"][-6:] == [
+        "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
+        "--telemetry-proxy-config-secret=acme-tracing-telemetry-proxy-config",
+        "--telemetry-upstream-endpoint=https://otlp.example.com",
+        "--telemetry-upstream-logs-endpoint=https://logs.example.com",
+        "--cluster-name=prod-eu-1",
+        "--deployment-method=Helm",
+    ]
+    proxy = find(docs, "Deployment", "acme-tracing-telemetry-proxy")
+    assert proxy["spec"]["replicas"] == 2
+    proxy_pod = proxy["spec"]["template"]["spec"]
+    (collector,) = proxy_pod["containers"]
+    assert collector["image"] == "registry.example.com/otel/collector:0.152.0-1"
+    assert collector["imagePullPolicy"] == "Always"
+    assert collector["resources"] == {
+        "limits": {"cpu": "2", "memory": "2Gi"}, "requests": {"cpu": "1", "memory": "1Gi"}
+    }  # fmt: skip
+    assert {"name": "GOMEMLIMIT", "value": "1600MiB"} in collector["env"]
+    # No proxy-specific scheduling: the global fallbacks; the manager keeps its own.
+    assert proxy_pod["tolerations"] == [
+        {"key": "spot", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert proxy_pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert proxy_pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert proxy_pod["volumes"][0]["secret"]["secretName"] == "acme-tracing-telemetry-proxy-config"
+    config_binding = find(docs, "RoleBinding", "acme-tracing-telemetry-proxy-config")
+    assert config_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "lumigo-kubernetes-operator",
+         "namespace": "observability"}
+    ]  # fmt: skip
     injector = find(docs, "MutatingWebhookConfiguration", injector_name)
     (expression,) = injector["webhooks"][0]["namespaceSelector"]["matchExpressions"]
     assert expression["values"] == ["observability", "kube-system"]
@@ -229,6 +303,18 @@ def test_token_appears_only_in_its_secret(cluster: LocalCluster, tmp_path: Path)
     assert TOKEN not in notes
 
 
+def _method_aside(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod with the manager's --deployment-method checked and removed: the one flag whose
+    value differs (Helm in the chart, Kustomize in config/)."""
+    out = copy.deepcopy(pod)
+    for container in out["containers"]:
+        methods = [a for a in container.get("args", []) if a.startswith("--deployment-method=")]
+        if container["name"] == "manager":
+            assert methods in (["--deployment-method=Helm"], ["--deployment-method=Kustomize"])
+        container["args"] = [a for a in container.get("args", []) if a not in methods]
+    return out
+
+
 def _without_helm_metadata(obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     out["metadata"].pop("labels", None)
@@ -240,7 +326,7 @@ def test_chart_renders_the_same_objects_as_config_default() -> None:
     """Release `lumigo` in lumigo-system gives the names of config/: same RBAC, webhooks, pod."""
     chart = load_docs(render_chart("lumigo", "lumigo-system"))
     config: list[dict[str, Any]] = []
-    for part in ("rbac", "manager", "webhook"):
+    for part in ("rbac", "manager", "webhook", "telemetry-proxy"):
         for path in sorted((ROOT / "config" / part).glob("*.yaml")):
             if path.name != "kustomization.yaml":
                 config += load_file(path)
@@ -258,7 +344,8 @@ def test_chart_renders_the_same_objects_as_config_default() -> None:
             assert got["spec"]["ports"] == want["spec"]["ports"], name
             assert want["spec"]["selector"].items() <= got["spec"]["selector"].items(), name
         elif kind == "Deployment":
-            assert got["spec"]["template"]["spec"] == want["spec"]["template"]["spec"]
+            got_pod, want_pod = (_method_aside(d["spec"]["template"]["spec"]) for d in (got, want))
+            assert got_pod == want_pod, name
             assert got["spec"]["replicas"] == want["spec"]["replicas"]
             assert want["metadata"]["labels"].items() <= got["metadata"]["labels"].items()
         else:
@@ -318,6 +405,7 @@ def test_helm_install_upgrade_uninstall(full_cluster: LocalCluster, release: Hel
     out = release.install()
     assert "STATUS: deployed" in out
     assert "kubectl get pods -n " + ns in out
+    assert f"deployment/{fullname}-telemetry-proxy" in out, "NOTES tell where the proxy logs are"
 
     crd = get_json(cluster, "crd", CRD_NAME)
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
@@ -350,6 +438,16 @@ def test_helm_install_upgrade_uninstall(full_cluster: LocalCluster, release: Hel
     assert not exists(cluster, "secret", f"{fullname}-lumigo-injector-webhook-certs", "-n", ns), (
         "the serving certificate is the operator's to create, not Helm's"
     )
+
+    # The telemetry proxy is part of the release, and the operator's and the proxy's
+    # ServiceAccounts may do what the reconciler and the collector do.
+    proxy = f"{fullname}-telemetry-proxy"
+    assert deployment_available(cluster, ns, proxy)
+    assert exists(cluster, "service", f"{proxy}-service", "-n", ns)
+    assert exists(cluster, "serviceaccount", proxy, "-n", ns)
+    assert not exists(cluster, "secret", f"{proxy}-config", "-n", ns), "the operator writes it"
+    assert denied(cluster, ns, OPERATOR_SA, telemetry_reconciler_requests(ns, fullname)) == []
+    assert denied(cluster, ns, proxy, telemetry_proxy_requests(ns, fullname)) == []
 
     # A caBundle written by the operator survives `helm upgrade` (Helm never sets that field).
     bundle = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg=="
@@ -385,4 +483,104 @@ def test_helm_install_upgrade_uninstall(full_cluster: LocalCluster, release: Hel
     assert release.cluster_scoped_leftovers() == []
     assert not exists(cluster, "deployment", f"{fullname}-controller-manager", "-n", ns)
     assert not exists(cluster, "serviceaccount", "lumigo-kubernetes-operator", "-n", ns)
+    assert not exists(cluster, "deployment", proxy, "-n", ns)
+    assert not exists(cluster, "serviceaccount", proxy, "-n", ns)
     assert exists(cluster, "crd", CRD_NAME), "the CRD (and users' Lumigo resources) is kept"
+
+
+def test_helm_uninstall_removes_every_lumigo_and_all_instrumentation(
+    full_cluster: LocalCluster, kube: KubeClient, release: HelmRelease, tmp_path: Path
+) -> None:
+    cluster, ns, fullname = full_cluster, release.namespace, release.fullname
+    release.install()
+    hook = f"{fullname}-uninstall-hook"
+
+    # The hooks as Helm stored them for the release: the Job, and before it (lower weight) its
+    # own ServiceAccount and RBAC, all pre-delete, deleted when they succeed.
+    stored = load_docs(release.helm("get", "hooks", release.name).stdout)
+    hooks = {d["kind"]: d for d in stored if d["metadata"]["name"] == hook}
+    assert set(hooks) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    weights = {}
+    for kind, doc in hooks.items():
+        annotations = doc["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete", kind
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        weights[kind] = int(annotations["helm.sh/hook-weight"])
+    assert max(w for k, w in weights.items() if k != "Job") < weights["Job"]
+    job_pod = hooks["Job"]["spec"]["template"]["spec"]
+    assert job_pod["serviceAccountName"] == hook
+    hook_command = job_pod["containers"][0]["command"]
+    assert hook_command[:2] == ["lumigo-operator", "uninstall"]
+
+    with installed_operator(cluster, kube, ns, f"{fullname}-controller-manager", tmp_path) as op:
+        # A namespace traced the README way (an existing and a new Deployment), and a Deployment
+        # opted in by its label in a namespace without Lumigo.
+        traced = op.new_namespace()
+        kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, "existing"), traced)
+        cluster.kubectl("apply", "-n", traced, "-f", str(SAMPLE))
+        wait_until(lambda: is_active(kube, traced), 60, "the Lumigo Active")
+        wait_until(
+            lambda: is_injected(kube.get(DEPLOYMENTS, "existing", traced)), 60,
+            "the existing Deployment instrumented by the controller",
+        )  # fmt: skip
+        assert is_injected(kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, "new"), traced))
+        opted = op.new_namespace()
+        opt_in = workload(DEPLOYMENTS, "opted-in", {constants.LABEL_AUTO_TRACE: "true"})
+        assert is_injected(kube.create(DEPLOYMENTS, opt_in, opted))
+        workloads = [(traced, "existing"), (traced, "new"), (opted, "opted-in")]
+        proxy_secret = f"{fullname}-telemetry-proxy-config"
+        wait_until(lambda: exists(cluster, "secret", proxy_secret, "-n", ns), 60,
+                   "the operator to configure the release's telemetry proxy")  # fmt: skip
+
+        # The hook's logic where Helm runs it: before anything of the release is deleted, while
+        # the operator runs, under the hook's own ServiceAccount and RBAC.
+        hook_rbac = "\n---\n".join(json.dumps(d) for k, d in hooks.items() if k != "Job")
+        cluster.kubectl("apply", "-f", "-", input=hook_rbac)
+        try:
+            kubeconfig = service_account_kubeconfig(cluster, ns, hook, tmp_path / "hook.kc")
+            result = run(
+                [str(ROOT / ".venv" / "bin" / "lumigo-operator"), *hook_command[1:],
+                 f"--kubeconfig={kubeconfig}"],
+                check=False,
+            )  # fmt: skip
+        finally:
+            cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=hook_rbac)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "finalized 0 here" in result.stdout, "the running operator processed the finalizer"
+        assert kube.list(LUMIGOES)[0] == [], "no Lumigo left anywhere"
+        for namespace, name in workloads:
+            stored_workload = kube.get(DEPLOYMENTS, name, namespace)
+            assert clean(stored_workload), name
+            assert constants.LABEL_AUTO_TRACE not in (
+                stored_workload["metadata"].get("labels") or {}
+            )
+        # Removed by the operator for the Lumigo, by the uninstall for the opted-in workload.
+        by_operator = f"trigger: controller, acting on behalf of the '{traced}/lumigo'"
+        removals = [
+            (traced, "existing", by_operator),
+            (traced, "new", by_operator),
+            (opted, "opted-in", UNINSTALL_TRIGGER),
+        ]
+        for namespace, name, text in removals:
+            wait_until(
+                lambda n=namespace, w=name, m=text: has_event(
+                    kube, n, w, "LumigoRemovedInstrumentation", m
+                ),
+                30, f"the removal event of {name}",
+            )  # fmt: skip
+
+        out = release.uninstall()
+        assert "uninstalled" in out
+        status = release.helm("status", release.name, check=False)
+        assert status.returncode != 0
+        assert "not found" in status.stderr
+        assert not exists(cluster, "job", hook, "-n", ns)
+        assert not exists(cluster, "serviceaccount", hook, "-n", ns)
+        assert release.cluster_scoped_leftovers() == []
+        assert not exists(cluster, "deployment", f"{fullname}-telemetry-proxy", "-n", ns)
+        # The proxy's configuration (the tokens) goes with the proxy Deployment that owns it.
+        wait_until(lambda: not exists(cluster, "secret", proxy_secret, "-n", ns), 60,
+                   "the garbage collector to delete the proxy configuration")  # fmt: skip
+        for namespace, name in workloads:
+            assert clean(kube.get(DEPLOYMENTS, name, namespace)), name
+        assert TOKEN_IN_SAMPLE not in op.log_text() + result.stdout + result.stderr

@@ -8,7 +8,9 @@
 - `opm validate catalog/`, and the catalog is what `make catalog` generates.
 - OLM v0's olm and catalog operators as local processes, `opm serve catalog/`, a CatalogSource
   with spec.address, an OperatorGroup and a Subscription: the CSV reaches Succeeded and OLM has
-  created the Deployment (kwok runs its pod), the webhook Service/Secret and both webhooks.
+  created both Deployments (manager and telemetry proxy; kwok runs their pods), the proxy's
+  Service and ServiceAccount, RBAC that lets both ServiceAccounts do their work, the webhook
+  Service/Secret and both webhooks.
 """
 
 from __future__ import annotations
@@ -33,18 +35,25 @@ from localcluster import LocalCluster, Process, free_port, wait_until
 from tests.e2e.packaging_support import (
     BIN,
     CRD_NAME,
+    OPERATOR_SA,
     ROOT,
+    can_i,
+    denied,
     deployment_available,
     exists,
     get_json,
     load_file,
     run,
+    telemetry_proxy_requests,
+    telemetry_reconciler_requests,
     tool,
 )
 
 PACKAGE = "lumigo-operator"
 CSV_NAME = "lumigo-operator.v0.1.0"
-DEPLOYMENT = "lumigo-lumigo-operator-controller-manager"
+FULLNAME = "lumigo-lumigo-operator"
+DEPLOYMENT = f"{FULLNAME}-controller-manager"
+PROXY = f"{FULLNAME}-telemetry-proxy"
 SCORECARD_TESTS = [
     "basic-check-spec",
     "olm-bundle-validation",
@@ -338,10 +347,37 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
     assert "/tmp/k8s-webhook-server/serving-certs" in mounts
     assert deployment["metadata"]["labels"]["lumigo.auto-trace"] == "false"
     assert "olmcahash" in deployment["spec"]["template"]["metadata"]["annotations"]
+    assert "--deployment-method=OLM" in container["args"]
+    assert f"--telemetry-proxy-deployment={PROXY}" in container["args"]
+
+    # The telemetry proxy: its Deployment, the Service from the bundle, the ServiceAccount OLM
+    # made, and RBAC that lets the operator configure it and the collector read what it needs.
+    assert deployment_available(cluster, ns, PROXY)
+    proxy = get_json(cluster, "deployment", PROXY, "-n", ns)
+    assert proxy["spec"]["template"]["spec"]["serviceAccountName"] == PROXY
+    assert proxy["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    service = get_json(cluster, "service", f"{PROXY}-service", "-n", ns)
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(80, "otlp-http")]
+    assert exists(cluster, "serviceaccount", PROXY, "-n", ns)
+    assert denied(cluster, ns, OPERATOR_SA, telemetry_reconciler_requests(ns, FULLNAME)) == []
+    assert denied(cluster, ns, PROXY, telemetry_proxy_requests(ns, FULLNAME)) == []
+    assert not can_i(cluster, ns, PROXY, "get", "secrets", "-n", ns)
+    assert not can_i(cluster, ns, OPERATOR_SA, "list", "secrets", "-n", ns)
+    # Under AllNamespaces OLM turns CSV `permissions` into ClusterRoles. The operator may read
+    # every Secret by name (token validation), so creating Secrets must stay limited to its own
+    # namespace (a bundle Role), or it could mint a token for any ServiceAccount; and the proxy's
+    # Lease rights stay limited to its own Lease, or it could take over the control plane's.
+    assert exists(cluster, "role", f"{PROXY}-config", "-n", ns)
+    assert not can_i(cluster, ns, OPERATOR_SA, "create", "secrets", "-n", "kube-system")
+    assert not can_i(cluster, ns, OPERATOR_SA, "create", "secrets", "-n", "some-app")
+    for lease in ("kube-controller-manager", "kube-scheduler"):
+        resource = f"leases.coordination.k8s.io/{lease}"
+        assert not can_i(cluster, ns, PROXY, "update", resource, "-n", "kube-system"), lease
 
     # OLM's webhook plumbing: serving Secret + Service for the deployment, both webhooks with a
     # caBundle, the paths and policies of the bundle's webhookdefinitions.
     assert exists(cluster, "secret", f"{DEPLOYMENT}-service-cert", "-n", ns)
+    assert not exists(cluster, "secret", f"{PROXY}-service-cert", "-n", ns), "no webhook there"
     service = get_json(cluster, "service", f"{DEPLOYMENT}-service", "-n", ns)
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(443, 9443)]
     configs = get_json(cluster, "mutatingwebhookconfigurations", "-l", f"olm.owner.namespace={ns}")[

@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from localcluster import LocalCluster
-from tests.e2e.packaging_support import load_docs, render_chart
+from tests.e2e.packaging_support import (
+    OPERATOR_SA,
+    denied,
+    load_docs,
+    render_chart,
+    telemetry_proxy_requests,
+    telemetry_reconciler_requests,
+)
 
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
@@ -131,3 +138,30 @@ def test_uninstall_hook_can_strip_workloads_but_read_no_secret(rbac: Rbac) -> No
     assert rbac.can("update", "deployments.apps", "-n", "a", sa=hook)
     assert not rbac.can("get", "secrets", "-n", "a", sa=hook)
     assert not rbac.can("delete", "deployments.apps", "-n", "a", sa=hook)
+
+
+def test_the_operator_may_configure_and_roll_the_telemetry_proxy(rbac: Rbac) -> None:
+    ns, proxy = rbac.namespace, f"{rbac.fullname}-telemetry-proxy"
+    needs = telemetry_reconciler_requests(ns, rbac.fullname)
+    assert denied(rbac.cluster, ns, OPERATOR_SA, needs) == []
+    # The configuration Secret by name, in the own namespace only.
+    assert not rbac.can("update", "secrets/someone-else", "-n", ns)
+    assert not rbac.can("delete", f"secrets/{proxy}-config", "-n", ns)
+    assert not rbac.can("update", f"secrets/{proxy}-config", "-n", "some-app")
+    # Not even a list of it: the reconciler GETs it.
+    selector = f"metadata.name={proxy}-config"
+    listed = rbac.request("get", "secrets", "-n", ns, "--field-selector", selector)
+    assert "forbidden" in listed.lower()
+
+
+def test_the_telemetry_proxy_reads_objects_but_no_secret(rbac: Rbac) -> None:
+    ns, proxy = rbac.namespace, f"{rbac.fullname}-telemetry-proxy"
+    assert denied(rbac.cluster, ns, proxy, telemetry_proxy_requests(ns, rbac.fullname)) == []
+    assert not rbac.can("get", "secrets", "-n", ns, sa=proxy)
+    assert not rbac.can("list", "secrets", "--all-namespaces", sa=proxy)
+    assert not rbac.can("get", f"secrets/{proxy}-config", "-n", ns, sa=proxy), "mounted, not read"
+    for resource in ("pods", "deployments.apps", "jobs.batch", "events"):
+        assert not rbac.can("create", resource, "-n", "some-app", sa=proxy), resource
+        assert not rbac.can("update", resource, "-n", "some-app", sa=proxy), resource
+    assert not rbac.can("create", "leases.coordination.k8s.io", "-n", "kube-system", sa=proxy)
+    assert not rbac.can("list", "lumigoes.operator.lumigo.io", "--all-namespaces", sa=proxy)

@@ -7,9 +7,11 @@ in a user's cluster.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +52,21 @@ def docs() -> list[JSON]:
 
 
 @pytest.fixture(scope="module")
-def applied(cluster: LocalCluster, crd: object) -> str:
-    cluster.kubectl("create", "namespace", SYSTEM, check=False)
+def applied(cluster: LocalCluster, crd: object) -> Iterator[str]:
+    """config/telemetry-proxy applied in lumigo-system; afterwards its objects and the namespace
+    (if this fixture made it) are deleted, so that installs of the whole operator in later
+    tests (same names) start clean."""
+    created = "created" in cluster.kubectl("create", "namespace", SYSTEM, check=False)
     cluster.kubectl("apply", "-k", str(MANIFESTS))
-    return SYSTEM
+    try:
+        yield SYSTEM
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-k", str(MANIFESTS), check=False)
+        for kind in ("clusterrolebinding", "clusterrole"):
+            cluster.kubectl("delete", kind, "test-manager-reads", "--ignore-not-found",
+                            check=False)  # fmt: skip
+        if created:  # without kube-controller-manager it stays Terminating; installs wait
+            cluster.kubectl("delete", "namespace", SYSTEM, "--wait=false", check=False)
 
 
 def token_kubeconfig(cluster: LocalCluster, kube: KubeClient, sa: str, path: Path) -> Path:
@@ -160,7 +173,11 @@ def test_operator_and_proxy_service_accounts_have_what_they_need(
     finally:
         lumigoes.stop()
     assert [n.name for n in namespaces] == [monitored]
-    assert kube.get(SECRETS, target.secret_name, SYSTEM)
+    written = kube.get(SECRETS, target.secret_name, SYSTEM)
+    rendered = yaml.safe_load(base64.b64decode(written["data"]["config.yaml"]))
+    # The Lease the operator tells the proxy to use is the one the proxy's Role names.
+    lease = rendered["extensions"]["k8s_leader_elector"]["lease_name"]
+    settings = replace(settings, lease_name=lease)
     deployment = kube.get(DEPLOYMENTS, target.deployment_name, SYSTEM)
     assert deployment["spec"]["template"]["metadata"]["annotations"]
     assert kube.get(SERVICES, f"{FULLNAME}-telemetry-proxy-service", SYSTEM)

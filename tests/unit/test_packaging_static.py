@@ -52,8 +52,10 @@ def hack_module(name: str) -> ModuleType:
 
 
 def config_rbac() -> list[dict[str, Any]]:
+    """Every RBAC object of config/default: the manager's and the telemetry proxy's."""
     docs: list[dict[str, Any]] = []
-    for path in sorted((CONFIG / "rbac").glob("*.yaml")):
+    paths = [*sorted((CONFIG / "rbac").glob("*.yaml")), CONFIG / "telemetry-proxy" / "rbac.yaml"]
+    for path in paths:
         if path.name != "kustomization.yaml":
             docs += load(path)
     return docs
@@ -63,8 +65,32 @@ def manager_deployment() -> dict[str, Any]:
     return one(CONFIG / "manager" / "manager.yaml", "Deployment")
 
 
+def proxy_deployment() -> dict[str, Any]:
+    return one(CONFIG / "telemetry-proxy" / "deployment.yaml", "Deployment")
+
+
 def csv() -> dict[str, Any]:
     return one(CSV_FILE, "ClusterServiceVersion")
+
+
+def csv_deployment(name: str) -> dict[str, Any]:
+    (deployment,) = [
+        d for d in csv()["spec"]["install"]["spec"]["deployments"] if d["name"] == name
+    ]
+    return deployment
+
+
+def csv_permissions(kind: str, sa: str) -> list[dict[str, Any]]:
+    """The rules of `clusterPermissions` or `permissions` for one ServiceAccount."""
+    (entry,) = [p for p in csv()["spec"]["install"]["spec"][kind] if p["serviceAccountName"] == sa]
+    rules: list[dict[str, Any]] = entry["rules"]
+    return rules
+
+
+MANAGER = "lumigo-lumigo-operator-controller-manager"
+PROXY = "lumigo-lumigo-operator-telemetry-proxy"
+OPERATOR_SA = "lumigo-kubernetes-operator"
+PROXY_IMAGE = "otel/opentelemetry-collector-contrib:0.152.0"
 
 
 # --- one source of truth ------------------------------------------------------------------
@@ -100,7 +126,7 @@ def test_bundle_generation_is_deterministic() -> None:
 
 
 def test_kustomizations_list_every_manifest() -> None:
-    for part in ("crd", "rbac", "manager", "webhook", "default"):
+    for part in ("crd", "rbac", "manager", "webhook", "telemetry-proxy", "default"):
         directory = CONFIG / part
         (kustomization,) = load(directory / "kustomization.yaml")
         listed = kustomization["resources"]
@@ -108,6 +134,11 @@ def test_kustomizations_list_every_manifest() -> None:
             assert (directory / entry).exists(), f"{part}: {entry} does not exist"
         local = {p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml"}
         assert local <= set(listed), f"{part}: not listed: {local - set(listed)}"
+
+
+def test_config_default_installs_the_telemetry_proxy() -> None:
+    (kustomization,) = load(CONFIG / "default" / "kustomization.yaml")
+    assert "../telemetry-proxy" in kustomization["resources"]
 
 
 def test_versions_and_images_agree() -> None:
@@ -126,6 +157,9 @@ def test_versions_and_images_agree() -> None:
     assert f"{manager_image['repository']}:v{VERSION}" == OPERATOR_IMAGE
     assert f"{injector_image['repository']}:v{VERSION}" == INJECTOR_IMAGE
     assert csv()["spec"]["minKubeVersion"] == chart["kubeVersion"].strip(">=").removesuffix("-0")
+    proxy_image = values["telemetryProxy"]["image"]
+    assert f"{proxy_image['repository']}:{proxy_image['tag']}" == PROXY_IMAGE
+    assert proxy_deployment()["spec"]["template"]["spec"]["containers"][0]["image"] == PROXY_IMAGE
 
 
 # --- least privilege ----------------------------------------------------------------------
@@ -172,7 +206,22 @@ def test_the_bundle_grants_no_certificate_rbac() -> None:
     spec = csv()["spec"]["install"]["spec"]
     rules = [r for p in spec["clusterPermissions"] + spec["permissions"] for r in p["rules"]]
     assert not [r for r in rules if "mutatingwebhookconfigurations" in r["resources"]]
+    # Token Secrets: GET by name. OLM (AllNamespaces) makes `permissions` cluster-wide, so no
+    # Secret may be created through them: with GET on every Secret, creating one anywhere would
+    # mint a token for any ServiceAccount.
     assert [r["verbs"] for r in rules if "secrets" in r["resources"]] == [["get"]]
+
+
+def test_the_bundle_keeps_secret_creation_in_the_install_namespace() -> None:
+    paths = (BUNDLE / "manifests").glob("*.yaml")
+    manifests = {(d["kind"], d["metadata"]["name"]): d for p in paths for d in load(p)}
+    config = {(d["kind"], d["metadata"]["name"]): d for d in config_rbac()}
+    role = manifests[("Role", f"{PROXY}-config")]
+    assert role["rules"] == config[("Role", f"{PROXY}-config")]["rules"]
+    assert "namespace" not in role["metadata"], "OLM puts it in the install namespace"
+    binding = manifests[("RoleBinding", f"{PROXY}-config")]
+    assert binding["roleRef"]["name"] == f"{PROXY}-config"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR_SA}]
 
 
 # --- the manager workload -----------------------------------------------------------------
@@ -202,10 +251,47 @@ def test_manager_pod_meets_the_restricted_pod_security_standard() -> None:
 
 
 def test_operator_workloads_are_never_instrumented() -> None:
-    deployment = manager_deployment()
     label = constants.LABEL_AUTO_TRACE
-    assert deployment["metadata"]["labels"][label] == constants.AUTO_TRACE_FALSE
-    assert deployment["spec"]["template"]["metadata"]["labels"][label] == "false"
+    for deployment in (manager_deployment(), proxy_deployment()):
+        assert deployment["metadata"]["labels"][label] == constants.AUTO_TRACE_FALSE
+        assert deployment["spec"]["template"]["metadata"]["labels"][label] == "false"
+
+
+def test_proxy_pod_meets_the_restricted_pod_security_standard() -> None:
+    pod = proxy_deployment()["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert (sc["allowPrivilegeEscalation"], sc["readOnlyRootFilesystem"], sc["runAsNonRoot"]) == (
+        False, True, True,
+    )  # fmt: skip
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+
+
+def test_manager_is_wired_to_the_telemetry_proxy() -> None:
+    """The names the manager is given are the objects config/telemetry-proxy installs, and the
+    operator's Role there lets it write exactly those."""
+    args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+    flags = dict(a.split("=", 1) for a in args if "=" in a)
+    proxy = proxy_deployment()
+    (volume,) = proxy["spec"]["template"]["spec"]["volumes"]
+    assert flags["--telemetry-proxy-deployment"] == proxy["metadata"]["name"]
+    assert flags["--telemetry-proxy-config-secret"] == volume["secret"]["secretName"]
+    assert flags["--deployment-method"] == "Kustomize"
+    assert flags["--telemetry-upstream-endpoint"].startswith("https://")
+    assert flags["--telemetry-upstream-logs-endpoint"].startswith("https://")
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in config_rbac()}
+    role = docs[("Role", f"{PROXY}-config")]
+    named = {n for r in role["rules"] for n in r.get("resourceNames", [])}
+    assert named == {proxy["metadata"]["name"], volume["secret"]["secretName"]}
+    binding = docs[("RoleBinding", f"{PROXY}-config")]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": "lumigo-system"}
+    ]
+    assert proxy["spec"]["template"]["spec"]["serviceAccountName"] == PROXY
 
 
 def test_manager_flags_follow_the_contract() -> None:
@@ -272,8 +358,9 @@ def test_webhooks_follow_the_contract() -> None:
 
 
 def test_csv_runs_the_manager_with_olm_managed_certificates() -> None:
-    (deployment,) = csv()["spec"]["install"]["spec"]["deployments"]
+    deployment = csv_deployment(MANAGER)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--deployment-method=OLM" in container["args"]
     assert "--cert-mode=files" in container["args"]
     assert not [a for a in container["args"] if a.startswith(("--cert-secret", "--webhook-"))
                 and not a.startswith("--webhook-port")]  # fmt: skip
@@ -317,7 +404,9 @@ def test_csv_has_every_recommended_field() -> None:
         "MultiNamespace",
         "AllNamespaces",
     }
-    assert {i["image"] for i in spec["relatedImages"]} == {OPERATOR_IMAGE, INJECTOR_IMAGE}
+    assert {i["image"] for i in spec["relatedImages"]} == {
+        OPERATOR_IMAGE, INJECTOR_IMAGE, PROXY_IMAGE
+    }  # fmt: skip
     (icon,) = spec["icon"]
     assert icon["mediatype"] == "image/svg+xml"
 
@@ -345,7 +434,27 @@ def test_alm_example_is_the_seed_readme_quick_start() -> None:
 
 def test_bundle_ships_no_object_olm_creates_itself() -> None:
     kinds = {d["kind"] for p in (BUNDLE / "manifests").glob("*.yaml") for d in load(p)}
-    assert kinds == {"ClusterServiceVersion", "CustomResourceDefinition", "Service"}
+    assert kinds == {"ClusterServiceVersion", "CustomResourceDefinition", "Service", "Role",
+                     "RoleBinding"}  # fmt: skip
+
+
+def test_csv_installs_the_telemetry_proxy() -> None:
+    """The proxy Deployment as in config/, its ClusterRole under its own ServiceAccount, its
+    Lease rules, and its Service in manifests/ (OLM creates the ServiceAccount)."""
+    want = proxy_deployment()
+    got = csv_deployment(PROXY)
+    assert got["spec"] == want["spec"]
+    assert got["label"] == want["metadata"]["labels"]
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in config_rbac()}
+    assert csv_permissions("clusterPermissions", PROXY) == docs[("ClusterRole", PROXY)]["rules"]
+    lease_role = docs[("Role", f"{PROXY}-leader-election")]
+    assert csv_permissions("permissions", PROXY) == lease_role["rules"]
+    manager_rules = docs[("ClusterRole", "lumigo-lumigo-operator-manager-role")]["rules"]
+    assert csv_permissions("clusterPermissions", OPERATOR_SA) == manager_rules
+    service = one(BUNDLE / "manifests" / f"{PROXY}-service_v1_service.yaml", "Service")
+    want_service = one(CONFIG / "telemetry-proxy" / "service.yaml", "Service")
+    assert service["spec"] == want_service["spec"]
+    assert "namespace" not in service["metadata"]
 
 
 # --- samples (one per seed README snippet) ------------------------------------------------
@@ -420,8 +529,7 @@ def _cli_accepts(argv: list[str]) -> None:
 
 def test_every_manager_flag_of_the_manifests_is_a_cli_flag() -> None:
     config_args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
-    (deployment,) = csv()["spec"]["install"]["spec"]["deployments"]
-    bundle_args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    bundle_args = csv_deployment(MANAGER)["spec"]["template"]["spec"]["containers"][0]["args"]
     for args in (config_args, bundle_args):
         _cli_accepts(["run", *args])
 
