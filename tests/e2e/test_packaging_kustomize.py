@@ -18,7 +18,9 @@ import pytest
 
 from api import constants
 from api.resources import CONFIGMAPS, DEPLOYMENTS, EVENTS, LUMIGOES, SECRETS
+from controller.cli import _parser
 from controller.kube import KubeClient
+from controller.options import run_options
 from controller.telemetry_reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
@@ -121,6 +123,23 @@ def test_kubectl_apply_k_config_default(
     again = cluster.kubectl("apply", "-k", str(ROOT / "config" / "default"))
     changed = [line for line in again.splitlines() if not line.endswith(" unchanged")]
     assert changed == [], changed
+
+
+def test_readme_overlay_names_the_cluster(cluster: LocalCluster, tmp_path: Path) -> None:
+    """The README's kustomize overlay, as written there, gives the manager the cluster name."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("# my-overlay/kustomization.yaml\n", 1)[1].split("```", 1)[0]
+    overlay = tmp_path / "my-overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(block)
+    (tmp_path / "config").symlink_to(ROOT / "config")
+    docs = load_docs(cluster.kubectl("kustomize", str(overlay)))
+    (manager,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == DEPLOYMENT
+    ]
+    args = manager["spec"]["template"]["spec"]["containers"][0]["args"]
+    opts = run_options(_parser().parse_args(["run", *args]))
+    assert (opts.cluster_name, opts.deployment_method) == ("prod-eu-1", "Kustomize")
 
 
 def test_seed_readme_yaml_after_kubectl_apply_k(

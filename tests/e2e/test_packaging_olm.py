@@ -319,6 +319,8 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
                 "source": "lumigo",
                 "sourceNamespace": olm_ns,
                 "installPlanApproval": "Automatic",
+                # How an OLM user names the cluster (README): env of every container.
+                "config": {"env": [{"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-test"}]},
             },
         },
     ]
@@ -348,6 +350,7 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
     assert deployment["metadata"]["labels"]["lumigo.auto-trace"] == "false"
     assert "olmcahash" in deployment["spec"]["template"]["metadata"]["annotations"]
     assert "--deployment-method=OLM" in container["args"]
+    assert {"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-test"} in container["env"]
     assert f"--telemetry-proxy-deployment={PROXY}" in container["args"]
 
     # The telemetry proxy: its Deployment, the Service from the bundle, the ServiceAccount OLM

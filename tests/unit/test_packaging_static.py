@@ -543,3 +543,39 @@ def test_the_dockerfile_entrypoint_and_the_hook_command_are_cli_commands() -> No
     template = (CHART / "templates" / "uninstall-hook.yaml").read_text()
     assert "- lumigo-operator\n        - uninstall\n        - --timeout=" in template
     _cli_accepts(["uninstall", "--timeout=120s"])
+
+
+def test_olm_users_set_endpoints_and_cluster_name_with_the_subscription_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OLM adds a Subscription's spec.config.env to every container: the CSV's manager flags
+    must leave the upstream endpoints and the cluster name to those env vars."""
+    from controller.cli import _parser
+    from controller.options import run_options
+
+    args = csv_deployment(MANAGER)["spec"]["template"]["spec"]["containers"][0]["args"]
+    monkeypatch.setenv("LUMIGO_ENDPOINT", "https://otlp.example.com")
+    monkeypatch.setenv("LUMIGO_LOGS_ENDPOINT", "https://logs.example.com")
+    monkeypatch.setenv("KUBERNETES_CLUSTER_NAME", "prod-eu-1")
+    opts = run_options(_parser().parse_args(["run", *args]))
+    assert (opts.telemetry_upstream_endpoint, opts.telemetry_upstream_logs_endpoint) == (
+        "https://otlp.example.com", "https://logs.example.com",
+    )  # fmt: skip
+    assert (opts.cluster_name, opts.deployment_method) == ("prod-eu-1", "OLM")
+    assert (opts.telemetry_proxy_deployment, opts.telemetry_proxy_config_secret) == (
+        PROXY, f"{PROXY}-config",
+    )  # fmt: skip
+
+
+def test_kubectl_install_sends_to_lumigo_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.cli import _parser
+    from controller.options import run_options
+    from controller.telemetry_config import DEFAULT_UPSTREAM
+
+    for name in ("LUMIGO_ENDPOINT", "LUMIGO_LOGS_ENDPOINT", "KUBERNETES_CLUSTER_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
+    opts = run_options(_parser().parse_args(["run", *args]))
+    assert opts.telemetry_upstream_endpoint == opts.telemetry_upstream_logs_endpoint
+    assert opts.telemetry_upstream_endpoint == DEFAULT_UPSTREAM
+    assert (opts.cluster_name, opts.deployment_method) == ("", "Kustomize")
