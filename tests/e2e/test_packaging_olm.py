@@ -279,6 +279,11 @@ def local_olm(full_cluster: LocalCluster) -> Iterator[LocalOlm]:
             proc.stop()
         for leftover in _olm_owned(cluster, operator_ns):
             cluster.kubectl("delete", leftover, "--ignore-not-found", check=False)
+        # OLM's aggregated admin/edit/view roles for the CRD (owned by the CRD, which the
+        # session keeps).
+        for suffix in ("admin", "edit", "view", "crdview"):
+            cluster.kubectl("delete", "clusterrole", f"{CRD_NAME}-v1alpha1-{suffix}",
+                            "--ignore-not-found", check=False)  # fmt: skip
         cluster.kubectl("delete", "olmconfig", "cluster", "--ignore-not-found", check=False)
         for ns in (operator_ns, olm_ns):
             cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
