@@ -174,6 +174,14 @@ class OperatorProcess:
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 5,
                 "namespaceSelector": selector,
+                # As in config/webhook: objects being deleted (finalizer removal) never need
+                # the operator, so a stopped operator cannot block its own clean-up.
+                "matchConditions": [
+                    {
+                        "name": "not-being-deleted",
+                        "expression": "!has(object.metadata.deletionTimestamp)",
+                    }
+                ],
             }
 
         return {
