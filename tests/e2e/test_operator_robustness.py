@@ -17,9 +17,9 @@ from typing import Any
 from api.resources import DEPLOYMENTS, ApiError
 from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 from tests.support.checks import TOKEN, instrumented, is_active, lumigo_yaml, status
 from tests.support.lumigo import create_token_secret
-from tests.support.operator import OperatorProcess
 from tests.support.workloads import pod_spec, workload
 
 COUNT = 200

@@ -8,9 +8,9 @@ from api import constants
 from api.resources import DAEMONSETS, DEPLOYMENTS, LUMIGOES, STATEFULSETS
 from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 from tests.support.checks import TOKEN, clean, create, instrumented, is_active, lumigo_yaml
 from tests.support.lumigo import create_token_secret
-from tests.support.operator import OperatorProcess
 
 
 def instrumented_namespace(op: OperatorProcess, cluster: LocalCluster, kube: KubeClient) -> str:
