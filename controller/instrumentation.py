@@ -107,17 +107,18 @@ class Instrumenter:
 
     def _drop_leftover_skip_label(self, target: Target) -> None:
         """Without a running webhook (failurePolicy Ignore) the handshake label stays: drop it,
-        or later "inject existing" passes (which select unlabelled objects) would skip it."""
+        or later "inject existing" passes (which select unlabelled objects) would skip it.
+        Conflict-safe: controllers (e.g. the Deployment controller's status writes) race us."""
+
+        def drop(obj: JSON) -> JSON | None:
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if labels.get(constants.LABEL_AUTO_TRACE) != constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
+                return None
+            del labels[constants.LABEL_AUTO_TRACE]
+            return obj
+
         try:
-            obj = self.client.get(target.resource, target.name, target.namespace)
-        except ApiError:
-            return
-        if _labels(obj).get(constants.LABEL_AUTO_TRACE) != constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
-            return
-        patch = {"metadata": {"labels": {constants.LABEL_AUTO_TRACE: None},
-                              "resourceVersion": obj["metadata"]["resourceVersion"]}}  # fmt: skip
-        try:
-            self.client.merge_patch(target.resource, target.name, patch, target.namespace)
+            self.client.update_with_retry(target.resource, target.name, target.namespace, drop)
         except ApiError as err:
             log.info("could not drop the handshake label", extra={"error": str(err)})
 
