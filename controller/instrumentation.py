@@ -106,13 +106,12 @@ class Instrumenter:
         return outcome
 
     def _drop_leftover_skip_label(self, target: Target) -> None:
-        """Without a running webhook (failurePolicy Ignore), or when the namespace's Lumigo is
-        being deleted (the webhook then leaves the object alone), the handshake label stays: drop
-        it, or later "inject existing" passes (which select unlabelled objects) would skip it.
-        Conflict-safe: right after a removal the Deployment controller is often writing too."""
+        """Without a running webhook (failurePolicy Ignore) the handshake label stays: drop it,
+        or later "inject existing" passes (which select unlabelled objects) would skip it.
+        Conflict-safe: controllers (e.g. the Deployment controller's status writes) race us."""
 
         def drop(obj: JSON) -> JSON | None:
-            labels = _labels(obj)
+            labels = (obj.get("metadata") or {}).get("labels") or {}
             if labels.get(constants.LABEL_AUTO_TRACE) != constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
                 return None
             del labels[constants.LABEL_AUTO_TRACE]

@@ -187,22 +187,37 @@ class LumigoReconciler:
             return
         if st.is_active(lumigo) and self._removal_wanted(lumigo):
             namespace, name = meta["namespace"], meta["name"]
-            targets = [
-                Target.of(obj)
-                for informer in self.workloads.values()
-                for obj in informer.store.list(namespace, is_labelled_instrumented)
-                if not is_deployment_owned(obj)
-            ]
-            outcomes = self.instrumenter.uninstrument_all(
-                sorted(targets, key=_target_order), events.controller_trigger(namespace, name)
-            )
-            failed = [o for o in outcomes if o.error]
-            if failed:
-                raise InstrumentationIncomplete(
-                    f"could not remove instrumentation from {len(failed)} workloads; first: "
-                    f"{failed[0].target.name}: {failed[0].error}"
-                )
+            trigger = events.controller_trigger(namespace, name)
+            # Live LISTs, not the cache: a workload created a moment ago may not be cached yet,
+            # and once the finalizer is gone nobody would clean it up. Until it is gone, pass
+            # again over anything the webhook injected meanwhile.
+            immutable: set[Target] = set()  # Jobs: one CannotRemove event each is enough
+            for _ in range(3):
+                targets = [t for t in self._live_instrumented(namespace) if t not in immutable]
+                if not targets:
+                    break
+                immutable |= {t for t in targets if t.resource.kind == "Job"}
+                outcomes = self.instrumenter.uninstrument_all(targets, trigger)
+                failed = [o for o in outcomes if o.error]
+                if failed:
+                    raise InstrumentationIncomplete(
+                        f"could not remove instrumentation from {len(failed)} workloads; "
+                        f"first: {failed[0].target.name}: {failed[0].error}"
+                    )
         self._remove_finalizer(lumigo)
+
+    def _live_instrumented(self, namespace: str) -> list[Target]:
+        targets = []
+        for resource in WORKLOADS:
+            items, _ = self.client.list(
+                resource, namespace, label_selector=constants.LABEL_AUTO_TRACE
+            )
+            targets += [
+                Target.of(o)
+                for o in items
+                if is_labelled_instrumented(o) and not is_deployment_owned(o)
+            ]
+        return sorted(targets, key=_target_order)
 
     def _removal_wanted(self, lumigo: JSON) -> bool:
         try:

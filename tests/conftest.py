@@ -6,6 +6,7 @@ Tiers are markers derived from the directory (tests/unit, tests/integration, tes
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -45,8 +46,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
-    """etcd + kube-apiserver for the whole session; full mode is added on first demand."""
-    local = LocalCluster()
+    """etcd + kube-apiserver for the whole session; full mode is added on first demand
+    (LUMIGO_TEST_FULL=1 starts it at once, to check that no test depends on the order)."""
+    local = LocalCluster(full=os.environ.get("LUMIGO_TEST_FULL") == "1")
     local.start()
     try:
         yield local

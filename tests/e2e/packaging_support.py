@@ -27,7 +27,7 @@ from api import constants
 from api.resources import LUMIGOES, NAMESPACES
 from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
-from tests.support.operator import OperatorProcess
+from localoperator import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"

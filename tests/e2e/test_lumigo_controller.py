@@ -24,6 +24,7 @@ from api.resources import (
 )
 from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 from tests.support.checks import (
     TOKEN,
     clean,
@@ -37,7 +38,6 @@ from tests.support.checks import (
     status,
 )
 from tests.support.lumigo import create_token_secret
-from tests.support.operator import OperatorProcess
 from tests.support.workloads import workload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,6 +18,7 @@ from api.resources import (
 )
 from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 from tests.support.checks import (
     TOKEN,
     clean,
@@ -30,7 +31,6 @@ from tests.support.checks import (
     utc_now,
 )
 from tests.support.lumigo import create_token_secret
-from tests.support.operator import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

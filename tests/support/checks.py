@@ -79,8 +79,9 @@ def utc_now() -> str:
 
 
 def events_of(kube: KubeClient, namespace: str, name: str) -> list[JSON]:
+    """The operator's events about `name` (kube-controller-manager adds its own)."""
     items, _ = kube.list(EVENTS, namespace, field_selector=f"involvedObject.name={name}")
-    return items
+    return [e for e in items if e.get("reason", "").startswith("Lumigo")]
 
 
 def has_event(kube: KubeClient, namespace: str, name: str, reason: str, text: str = "") -> bool:

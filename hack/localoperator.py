@@ -1,10 +1,11 @@
-"""The real `lumigo-operator run` process against the session's API server, for e2e-style tests.
+"""The real `lumigo-operator run` process against a local control plane (`make run`, tests).
 
 The operator runs exactly as in a cluster (leader election, self-managed certificates, webhook
 server, controllers), except that the API server reaches its webhooks through `url:` client
 configurations on 127.0.0.1 (the serving certificate gets 127.0.0.1 as an extra SAN) instead of a
-Service. The webhook configurations select namespaces carrying a per-operator label, so
-several test modules can share the session's cluster without seeing each other's webhooks.
+Service. Tests give each operator a namespace label to select, so several test modules can share
+one cluster without seeing each other's webhooks; `make run` selects every namespace but its own
+and kube-system, as the Helm chart does.
 """
 
 from __future__ import annotations
@@ -21,10 +22,35 @@ from typing import Any
 from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES
 from controller.kube import KubeClient
 from localcluster import LocalCluster, free_port, wait_until
-from tests.support.webhook_cluster import LUMIGO_RULES, WORKLOAD_RULES
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parent.parent
 JSON = dict[str, Any]
+
+WORKLOAD_RULES = [
+    {
+        "apiGroups": ["apps"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["daemonsets", "deployments", "replicasets", "statefulsets"],
+        "scope": "Namespaced",
+    },
+    {
+        "apiGroups": ["batch"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["cronjobs", "jobs"],
+        "scope": "Namespaced",
+    },
+]
+LUMIGO_RULES = [
+    {
+        "apiGroups": ["operator.lumigo.io"],
+        "apiVersions": ["v1alpha1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["lumigoes"],
+        "scope": "Namespaced",
+    }
+]
 
 
 class OperatorProcess:
@@ -37,6 +63,10 @@ class OperatorProcess:
         *,
         namespace: str | None = None,
         extra_args: tuple[str, ...] = (),
+        select_all_namespaces: bool = False,
+        operator_version: str = "0.1.0-test",
+        resync_period: str = "3s",
+        log_level: str = "debug",
     ) -> None:
         self.cluster = cluster
         self.kube = kube
@@ -48,6 +78,10 @@ class OperatorProcess:
         self.metrics_port = free_port()
         self.config_name = f"lumigo-test-{self.id}"
         self.extra_args = extra_args
+        self.select_all_namespaces = select_all_namespaces
+        self.operator_version = operator_version
+        self.resync_period = resync_period
+        self.log_level = log_level
         self.log_path = cluster.workdir / "logs" / f"operator-{self.id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -77,9 +111,9 @@ class OperatorProcess:
             f"--webhook-configurations={self.config_name}",
             "--webhook-cert-extra-sans=127.0.0.1",
             "--telemetry-proxy-deployment=",
-            "--operator-version=0.1.0-test",
-            "--resync-period=3s",
-            "--log-level=debug",
+            f"--operator-version={self.operator_version}",
+            f"--resync-period={self.resync_period}",
+            f"--log-level={self.log_level}",
             *self.extra_args,
         ]
 
@@ -162,7 +196,17 @@ class OperatorProcess:
 
     def webhook_configuration(self) -> JSON:
         base = f"https://127.0.0.1:{self.webhook_port}"
-        selector = {"matchLabels": {self.selector_label: "true"}}
+        selector: JSON = {"matchLabels": {self.selector_label: "true"}}
+        if self.select_all_namespaces:
+            selector = {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "NotIn",
+                        "values": ["kube-system", self.namespace],
+                    }
+                ]
+            }
 
         def hook(name: str, path: str, rules: list[JSON], policy: str) -> JSON:
             return {
@@ -174,6 +218,14 @@ class OperatorProcess:
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 5,
                 "namespaceSelector": selector,
+                # As in config/webhook: objects being deleted (finalizer removal) never need
+                # the operator, so a stopped operator cannot block its own clean-up.
+                "matchConditions": [
+                    {
+                        "name": "not-being-deleted",
+                        "expression": "!has(object.metadata.deletionTimestamp)",
+                    }
+                ],
             }
 
         return {
