@@ -579,3 +579,18 @@ def test_kubectl_install_sends_to_lumigo_by_default(monkeypatch: pytest.MonkeyPa
     assert opts.telemetry_upstream_endpoint == opts.telemetry_upstream_logs_endpoint
     assert opts.telemetry_upstream_endpoint == DEFAULT_UPSTREAM
     assert (opts.cluster_name, opts.deployment_method) == ("", "Kustomize")
+
+
+def test_a_stopped_operator_cannot_block_finalizer_removal() -> None:
+    """The defaulter (failurePolicy Fail) must not be called for Lumigo resources being deleted,
+    or `lumigo-operator uninstall` and namespace deletion hang when the operator is down."""
+    condition = {
+        "name": "not-being-deleted",
+        "expression": "!has(object.metadata.deletionTimestamp)",
+    }
+    hooks = [h for c in load(ROOT / "config" / "webhook" / "manifests.yaml") for h in c["webhooks"]]
+    defaulter = next(h for h in hooks if h["name"] == "lumigodefaulter.kb.io")
+    assert defaulter["failurePolicy"] == "Fail"
+    assert defaulter["matchConditions"] == [condition]
+    chart = (ROOT / "charts" / "lumigo-operator" / "templates" / "webhooks.yaml").read_text()
+    assert '"!has(object.metadata.deletionTimestamp)"' in chart
