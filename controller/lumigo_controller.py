@@ -28,7 +28,7 @@ from typing import Any
 
 from api import constants
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
-from api.resources import LUMIGOES, SECRETS, WORKLOADS, ApiError, Resource
+from api.resources import LUMIGOES, SECRETS, WORKLOADS, ApiError
 from controller import lumigo_status as st
 from controller.informer import Informer
 from controller.instrumentation import (
@@ -67,9 +67,7 @@ class LumigoReconciler:
     lumigoes: Informer
     workloads: dict[str, Informer]  # by kind; caches keep metadata projections only
     instrumenter: Instrumenter
-    recorder: events.EventRecorder
     settings_for: SettingsFactory
-    operator_version: str
     resync_period: float = 30.0
     error_requeue: float = 5.0
 
@@ -291,7 +289,3 @@ class LumigoReconciler:
 
 def _target_order(target: Target) -> tuple[int, str]:
     return (constants.KIND_ORDER.get(target.resource.kind, 99), target.name)
-
-
-def workload_resources() -> dict[str, Resource]:
-    return {r.kind: r for r in WORKLOADS}

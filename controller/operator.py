@@ -122,9 +122,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         lumigoes=lumigoes,
         workloads=workloads,
         instrumenter=instrumenter,
-        recorder=recorder,
         settings_for=settings.for_spec,
-        operator_version=opts.operator_version,
         resync_period=opts.resync_period,
         error_requeue=opts.error_requeue,
     )
