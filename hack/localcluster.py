@@ -503,6 +503,10 @@ class LocalCluster:
                 f"--cert-dir={self.workdir / 'pki' / 'kcm'}",
                 "--controllers=*",
                 "--concurrent-gc-syncs=5",
+                # The defaults (20 qps) starve the Deployment controller while the namespace
+                # controller cleans up after hundreds of test objects.
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
                 "--profiling=false",
             ],
         )
@@ -519,6 +523,8 @@ class LocalCluster:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={self.workdir / 'pki' / 'scheduler'}",
+                "--kube-api-qps=500",
+                "--kube-api-burst=1000",
                 "--profiling=false",
             ],
         )

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES
+from api.resources import LUMIGOES, MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES, ApiError
 from controller.kube import KubeClient
 from localcluster import LocalCluster, free_port, wait_until
 
@@ -85,6 +85,7 @@ class OperatorProcess:
         self.log_path = cluster.workdir / "logs" / f"operator-{self.id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.namespaces: list[str] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def setup(self) -> OperatorProcess:
@@ -161,8 +162,22 @@ class OperatorProcess:
         self.stop(signal.SIGKILL)
 
     def teardown(self) -> None:
+        """Stop, unregister the webhooks, and delete the namespaces this operator served.
+
+        With the operator gone, our finalizer would keep those namespaces Terminating forever
+        (and the namespace controller busy), so it is dropped first."""
         self.stop()
         self.kube.delete(MUTATING_WEBHOOK_CONFIGURATIONS, self.config_name)
+        for namespace in [*self.namespaces, self.namespace]:
+            try:
+                lumigoes, _ = self.kube.list(LUMIGOES, namespace)
+                for lumigo in lumigoes:
+                    name = lumigo["metadata"]["name"]
+                    patch = {"metadata": {"finalizers": None}}
+                    self.kube.merge_patch(LUMIGOES, name, patch, namespace)
+                self.kube.delete(NAMESPACES, namespace)
+            except ApiError:
+                pass  # best effort: the session's cluster is thrown away at the end anyway
 
     # -- helpers -----------------------------------------------------------------------------------
     def probe(self, path: str) -> tuple[int, str]:
@@ -192,6 +207,7 @@ class OperatorProcess:
                 "metadata": {"name": name, "labels": {self.selector_label: "true"}},
             },
         )
+        self.namespaces.append(name)
         return name
 
     def webhook_configuration(self) -> JSON:

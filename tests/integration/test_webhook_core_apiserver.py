@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from api import constants
-from localcluster import LocalCluster, wait_until
+from localcluster import KubectlError, LocalCluster, wait_until
 from webhook import mutation
 from webhook.admission import AdmissionResponse, parse_review
 from webhook.inject_handler import InjectHandler
@@ -238,7 +238,18 @@ def test_the_injected_object_is_accepted_stored_and_stable(
         refused = cluster.kubectl("replace", "-f", "-", input=json.dumps(cleaned), check=False)
         assert "field is immutable" in refused
         return
-    replaced = kubectl_json(cluster, "replace", "-f", "-", obj=cleaned)
+    # kube-controller-manager may write the status meanwhile: re-read and retry on a conflict.
+    for _ in range(10):
+        try:
+            replaced = kubectl_json(cluster, "replace", "-f", "-", obj=cleaned)
+            break
+        except KubectlError as err:
+            if "Conflict" not in err.output:
+                raise
+            cleaned = mutation.remove(kubectl_json(cluster, "get", kind.lower(), name, "-n",
+                                                   namespace))  # fmt: skip
+    else:
+        raise AssertionError("kept conflicting with kube-controller-manager")
     assert constants.LABEL_AUTO_TRACE not in replaced["metadata"]["labels"]
     assert [c["name"] for c in pod_spec_of(replaced)["initContainers"]] == ["migrate"]
     assert pod_spec_of(replaced)["containers"] == pod_spec_of(seen)["containers"]
