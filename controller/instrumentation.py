@@ -72,7 +72,11 @@ class Instrumenter:
 
     # -- one object ----------------------------------------------------------------------------
     def instrument(
-        self, target: Target, settings: mutation.InjectionSettings, trigger: str
+        self,
+        target: Target,
+        settings: mutation.InjectionSettings,
+        trigger: str,
+        current: JSON | None = None,
     ) -> Outcome:
         if target.resource is JOBS:
             return self._job_is_immutable(target, "add", trigger)
@@ -83,7 +87,7 @@ class Instrumenter:
             mutated = mutation.inject(obj, settings)
             return None if jsonpatch.same(mutated, obj) else mutated
 
-        return self._write(target, change, "add", trigger)
+        return self._write(target, change, "add", trigger, current=current)
 
     def uninstrument(self, target: Target, trigger: str, component: str | None = None) -> Outcome:
         if target.resource is JOBS:
@@ -124,9 +128,15 @@ class Instrumenter:
 
     # -- many objects --------------------------------------------------------------------------
     def instrument_all(
-        self, targets: Iterable[Target], settings: mutation.InjectionSettings, trigger: str
+        self,
+        targets: Iterable[Target],
+        settings: mutation.InjectionSettings,
+        trigger: str,
+        current: dict[Target, JSON] | None = None,
     ) -> list[Outcome]:
-        return self._map(lambda t: self.instrument(t, settings, trigger), targets)
+        """`current`: copies of the targets just listed, saving a GET each."""
+        known = current or {}
+        return self._map(lambda t: self.instrument(t, settings, trigger, known.get(t)), targets)
 
     def uninstrument_all(
         self, targets: Iterable[Target], trigger: str, component: str | None = None
@@ -148,11 +158,13 @@ class Instrumenter:
         action: events.Action,
         trigger: str,
         component: str | None = None,
+        *,
+        current: JSON | None = None,
     ) -> Outcome:
         component = component or self.component
         try:
             result = self.client.update_with_retry(
-                target.resource, target.name, target.namespace, change
+                target.resource, target.name, target.namespace, change, current=current
             )
         except ApiError as err:
             if err.not_found:

@@ -376,14 +376,17 @@ class KubeClient:
         *,
         subresource: str | None = None,
         attempts: int = 5,
+        current: JSON | None = None,
     ) -> JSON | None:
         """GET, mutate, PUT; on 409 re-read and re-apply (client-go's RetryOnConflict).
 
         `mutate` gets a fresh copy and returns the object to write, or None when nothing needs
-        to change (then nothing is written and None is returned).
+        to change (then nothing is written and None is returned). A `current` copy (e.g. from a
+        LIST just made) saves the first GET; a stale one only costs the 409 and a retry.
         """
         for attempt in range(attempts):
-            current = self.get(resource, name, namespace)
+            if attempt > 0 or current is None:
+                current = self.get(resource, name, namespace)
             desired = mutate(current)
             if desired is None:
                 return None

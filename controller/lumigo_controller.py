@@ -45,6 +45,7 @@ from webhook.mutation import is_deployment_owned
 log = logging.getLogger("lumigo.controller")
 
 JSON = dict[str, Any]
+BULK_LIST_THRESHOLD = 10
 SettingsFactory = Callable[[LumigoSpec], mutation.InjectionSettings]
 
 
@@ -156,8 +157,9 @@ class LumigoReconciler:
             return
         trigger = events.controller_trigger(namespace, name)
         settings = self.settings_for(spec)
-        outcomes = self.instrumenter.instrument_all(sorted(targets, key=_target_order), settings,
-                                                    trigger)  # fmt: skip
+        outcomes = self.instrumenter.instrument_all(
+            sorted(targets, key=_target_order), settings, trigger, self._listed(namespace, targets)
+        )
         for job in jobs:
             self.instrumenter.instrument(job, settings, trigger)  # records the immutability event
         failed = [o for o in outcomes if o.error]
@@ -166,6 +168,20 @@ class LumigoReconciler:
                 f"could not instrument {len(failed)} of {len(outcomes)} workloads; first: "
                 f"{failed[0].target.resource.kind} {failed[0].target.name}: {failed[0].error}"
             )
+
+    def _listed(self, namespace: str, targets: list[Target]) -> dict[Target, JSON]:
+        """Full copies of many targets from one paginated LIST per kind instead of a GET each
+        (the cache only keeps metadata). Not worth it for a few."""
+        if len(targets) < BULK_LIST_THRESHOLD:
+            return {}
+        wanted = set(targets)
+        found: dict[Target, JSON] = {}
+        for resource in {t.resource for t in targets}:
+            items, _ = self.client.list(
+                resource, namespace, label_selector=f"!{constants.LABEL_AUTO_TRACE}"
+            )
+            found |= {t: o for o in items if (t := Target.of(o)) in wanted}
+        return found
 
     def _instrumented(self, namespace: str) -> list[JSON]:
         """Labelled workloads; Deployment-owned ReplicaSets inherit the label from the template
