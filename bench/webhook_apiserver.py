@@ -32,7 +32,7 @@ from prometheus_client import REGISTRY  # noqa: E402
 from api import constants  # noqa: E402
 from api.resources import DEPLOYMENTS, LUMIGOES  # noqa: E402
 from controller.events import EventRecorder  # noqa: E402
-from controller.informer import Informer  # noqa: E402
+from controller.informer import Informer, metadata_projection  # noqa: E402
 from controller.kube import KubeClient  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
 from tests.conftest import CRD_FILE  # noqa: E402
@@ -122,7 +122,13 @@ def main() -> int:
         )
         lumigoes = Informer(kube, LUMIGOES)
         lumigoes.start()
-        recorder = EventRecorder(kube)
+        # As the operator wires it: UIDs of just-created workloads come from the informer cache.
+        deployments = Informer(kube, DEPLOYMENTS, transform=metadata_projection())
+        deployments.start()
+        recorder = EventRecorder(
+            kube, lookup=lambda kind, ns, name: deployments.get(ns, name)
+            if kind == "Deployment" else None,
+        )  # fmt: skip
         recorder.start()
         events: EventRecorder | _Discard = _Discard() if args.no_events else recorder
         lister = InformerLister(lumigoes)

@@ -7,8 +7,10 @@ namespace produces a bounded number of Event objects.
 
 An admission request for a CREATE has no UID yet; `kubectl describe` matches events by UID, so
 the poster waits briefly for the object to exist and fills in its UID and resourceVersion (the
-reference re-binds such events later; doing it at posting time is simpler). If the object never
-appears (a later admission plugin rejected it) the event is dropped: it was about nothing.
+reference re-binds such events later; doing it at posting time is simpler). It looks in the
+operator's informer caches first (`lookup`: no API call, which matters on the admission path's
+busiest moments) and falls back to a GET. If the object never appears (a later admission plugin
+rejected it) the event is dropped: it was about nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +33,7 @@ from controller.kube import KubeClient
 log = logging.getLogger("lumigo.events")
 
 JSON = dict[str, Any]
+Lookup = Callable[[str, str, str], JSON | None]  # (kind, namespace, name) -> cached object
 MAX_MESSAGE = 1024
 AGGREGATION_WINDOW = 600.0
 
@@ -70,8 +74,10 @@ class EventRecorder:
         max_queue: int = 2000,
         resolve_uid_timeout: float = 5.0,
         resources: dict[str, Resource] | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         self.client = client
+        self.lookup = lookup
         self.resolve_uid_timeout = resolve_uid_timeout
         self._resources = resources or dict(WORKLOADS_BY_KIND)
         self._queue: queue.Queue[PendingEvent | None] = queue.Queue(max_queue)
@@ -184,17 +190,21 @@ class EventRecorder:
 
     def _resolve(self, involved: JSON) -> bool:
         """Fill in uid/resourceVersion of an object that was being created when recorded."""
-        resource = self._resources.get(str(involved.get("kind", "")))
-        if resource is None or not involved.get("name"):
+        kind, name = str(involved.get("kind", "")), str(involved.get("name", ""))
+        namespace = str(involved.get("namespace", ""))
+        resource = self._resources.get(kind)
+        if resource is None or not name:
             return False
         deadline = time.monotonic() + self.resolve_uid_timeout
-        delay = 0.05
+        delay = 0.01
         while True:
-            try:
-                obj = self.client.get_or_none(resource, involved["name"], involved.get("namespace"))
-            except ApiError as err:
-                log.warning("cannot resolve event object", extra={"error": str(err)})
-                return False
+            obj = self.lookup(kind, namespace, name) if self.lookup is not None else None
+            if obj is None and (self.lookup is None or time.monotonic() + delay > deadline):
+                try:
+                    obj = self.client.get_or_none(resource, name, namespace or None)
+                except ApiError as err:
+                    log.warning("cannot resolve event object", extra={"error": str(err)})
+                    return False
             if obj is not None:
                 meta = obj.get("metadata") or {}
                 involved["uid"] = meta.get("uid", "")
@@ -203,4 +213,4 @@ class EventRecorder:
             if time.monotonic() + delay > deadline:
                 return False
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, 0.5)

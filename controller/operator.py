@@ -101,7 +101,10 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         )
         for r in WORKLOADS
     }
-    recorder = EventRecorder(client)
+    recorder = EventRecorder(
+        client, lookup=lambda kind, ns, name: workloads[kind].get(ns, name) if kind in workloads
+        else None,
+    )  # fmt: skip
     manager.add_runnable(Runnable("event-recorder", recorder.start, recorder.stop))
 
     settings = InjectionSettings(
