@@ -95,3 +95,21 @@ def test_recording_never_blocks_even_when_the_queue_is_full(kube: KubeClient) ->
     threading.Thread(target=spam, daemon=True).start()
     wait_until(done.is_set, 5, "recording to return")
     assert rec.dropped == 45
+
+
+def test_uids_come_from_the_cache_when_it_has_the_object(kube: KubeClient, namespace: str) -> None:
+    cached = {"metadata": {"uid": "from-the-cache", "resourceVersion": "42"}}
+    rec = EventRecorder(
+        kube, resolve_uid_timeout=3.0,
+        lookup=lambda kind, ns, name: cached if (kind, name) == ("Deployment", "cached") else None,
+    )  # fmt: skip
+    rec.start()
+    try:
+        pending = deployment("cached")
+        pending["metadata"]["namespace"] = namespace
+        rec.event(pending, "Normal", "LumigoAddedInstrumentation", "added", "c/webhook")
+        assert rec.flush(10)
+    finally:
+        rec.stop()
+    (event,) = events_for(kube, namespace, "cached")  # no such Deployment: no GET could find it
+    assert event["involvedObject"]["uid"] == "from-the-cache"
