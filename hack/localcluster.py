@@ -198,6 +198,7 @@ class Process:
     name: str
     args: list[str]
     log: Path
+    env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -212,6 +213,7 @@ class Process:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=self.env,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - setsid + pdeathsig, nothing else
             )
 

@@ -12,7 +12,6 @@ import contextlib
 import gzip
 import http.server
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -30,7 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from controller.telemetry_config import ProxySettings
-from localcluster import _die_with_parent, free_port
+from localcluster import Process, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTOR = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin")) / "otelcol-lumigo"
@@ -265,21 +264,16 @@ class Collector:
         self.config_path.chmod(0o600)
         self.log_path = workdir / "otelcol.log"
         self.health_port = health_port
-        self.env = env
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.process = Process(
+            "otelcol", [str(COLLECTOR), f"--config={self.config_path}"], self.log_path, env
+        )
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes] | None:
+        return self.process.popen
 
     def start(self, timeout: float = 60.0) -> Collector:
-        if not COLLECTOR.exists():
-            raise FileNotFoundError(f"{COLLECTOR} is missing: run `hack/install-tools otelcol`")
-        with self.log_path.open("ab") as out:
-            self.popen = subprocess.Popen(
-                [str(COLLECTOR), f"--config={self.config_path}"],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - setsid + pdeathsig only
-            )
+        self.process.start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
@@ -290,7 +284,7 @@ class Collector:
         raise TimeoutError(f"collector not healthy after {timeout:.0f}s:\n{self.log_tail()}")
 
     def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+        return self.process.alive()
 
     def healthy(self) -> bool:
         try:
@@ -316,21 +310,10 @@ class Collector:
             return ""
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
+        return self.process.log_tail(lines)
 
     def stop(self, timeout: float = 20.0) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        self.popen = None
+        self.process.stop(timeout)
 
 
 @contextlib.contextmanager
