@@ -168,7 +168,11 @@ class OperatorProcess:
         (and the namespace controller busy), so it is dropped first."""
         self.stop()
         self.kube.delete(MUTATING_WEBHOOK_CONFIGURATIONS, self.config_name)
-        for namespace in [*self.namespaces, self.namespace]:
+        self.release_namespaces([*self.namespaces, self.namespace])
+
+    def release_namespaces(self, namespaces: list[str]) -> None:
+        """Drop the finalizers of the Lumigo resources left there, then delete the namespaces."""
+        for namespace in namespaces:
             try:
                 lumigoes, _ = self.kube.list(LUMIGOES, namespace)
                 for lumigo in lumigoes:

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from api import constants
-from api.resources import LUMIGOES, NAMESPACES
+from api.resources import NAMESPACES
 from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
@@ -361,17 +361,8 @@ class InstalledOperator(OperatorProcess):
             self.cluster.kubectl(
                 "delete", "mutatingwebhookconfiguration", name, "--ignore-not-found", check=False
             )
-        for namespace in self.app_namespaces:
-            items, _ = self.kube.list(LUMIGOES, namespace)
-            for lumigo in items:
-                if constants.FINALIZER in (lumigo["metadata"].get("finalizers") or []):
-                    self.kube.merge_patch(
-                        LUMIGOES, lumigo["metadata"]["name"], {"metadata": {"finalizers": []}},
-                        namespace,
-                    )  # fmt: skip
         self.stop()
-        for namespace in self.app_namespaces:
-            self.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        self.release_namespaces(self.app_namespaces)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
