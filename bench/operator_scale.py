@@ -1,12 +1,12 @@
 """The Lumigo controller at scale, against a local control plane and the real operator process.
 
-    instrument  Time from `Lumigo` creation until N existing Deployments are instrumented (the
-                status lists N), API calls per workload, compared with N sequential PUTs on the
-                same API server (the practical limit).
-    rss         Operator RSS with W workloads across M monitored namespaces.
+instrument  Time from `Lumigo` creation until N existing Deployments are instrumented (the
+            status lists N), API calls per workload, compared with N sequential PUTs on the
+            same API server (the practical limit).
+rss         Operator RSS with W workloads across M monitored namespaces.
 
-    .venv/bin/python bench/operator_scale.py instrument [--count 1000]
-    .venv/bin/python bench/operator_scale.py rss [--workloads 10000 --namespaces 100]
+.venv/bin/python bench/operator_scale.py instrument [--count 1000]
+.venv/bin/python bench/operator_scale.py rss [--workloads 10000 --namespaces 100]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def rest_calls(op: OperatorProcess) -> dict[str, float]:
     """rest_client_requests_total by method, from the operator's /metrics."""
     _, text = op.probe("/metrics")
     totals: dict[str, float] = {}
-    for match in re.finditer(r'^rest_client_requests_total\{([^}]*)\} (\S+)$', text, re.M):
+    for match in re.finditer(r"^rest_client_requests_total\{([^}]*)\} (\S+)$", text, re.M):
         method = re.search(r'method="([^"]+)"', match.group(1))
         if method:
             totals[method.group(1)] = totals.get(method.group(1), 0) + float(match.group(2))
