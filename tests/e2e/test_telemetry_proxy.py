@@ -35,6 +35,7 @@ from tests.support.otel import (
     running_collector,
     running_sink,
     send_traces,
+    wait_until_pod_known,
 )
 
 JSON = dict[str, Any]
@@ -116,6 +117,7 @@ def test_spans_reach_upstream_enriched_with_their_own_authorization(
 
     try:
         with running_collector(render([], settings), tmp_path, settings.health_port, cluster.env()):
+            wait_until_pod_known(settings.otlp_port, sink, objects["pod"]["metadata"]["name"])
             a, b = export_request("GET /a"), export_request("GET /b")
             assert send_traces(settings.otlp_port, a, f"LumigoToken {token_a}") == 200
             assert send_traces(settings.otlp_port, b, f"LumigoToken {token_b}") == 200
@@ -171,6 +173,7 @@ def test_injected_python_app_is_traced_through_the_proxy(
             running_collector(render([], settings), tmp_path, settings.health_port, cluster.env()),
             running_app([str(python), str(PROGRAMS / "flask_app.py")], env, tmp_path) as app,
         ):
+            wait_until_pod_known(settings.otlp_port, sink, objects["pod"]["metadata"]["name"])
             assert app.get("/hello")[0] == 200
             wait_until(
                 lambda: any("/hello" in s.name for s in sink.spans()),

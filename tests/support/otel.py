@@ -254,6 +254,23 @@ def send_traces(
         return int(err.code)
 
 
+def wait_until_pod_known(port: int, sink: OTLPSink, pod_name: str, timeout: float = 60.0) -> None:
+    """Send probe spans until one reaches the sink enriched with `pod_name`.
+
+    `wait_for_metadata` makes the collector start only once its pod informer has synced, but the
+    processor's own cache is filled by the informer's handler a moment later (a known upstream
+    window, open-telemetry/opentelemetry-collector-contrib#32556); on a loaded machine a span sent
+    in that moment leaves unenriched. Tests that check enrichment start after it.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        send_traces(port, export_request("probe"), "LumigoToken probe")
+        time.sleep(0.5)
+        if any(s.resource.get("k8s.pod.name") == pod_name for s in sink.spans()):
+            return
+    raise AssertionError(f"the proxy never enriched a span with pod {pod_name} in {timeout:.0f}s")
+
+
 class Collector:
     """The project's collector binary running one configuration (always stop() it)."""
 
