@@ -23,6 +23,7 @@ from controller.telemetry_reconciler import CONFIG_KEY, ProxyTarget, TelemetryPr
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import LogSeen, OTLPSink, local_settings, running_collector, running_sink
+from tests.support.workloads import one_container_deployment
 
 JSON = dict[str, Any]
 RUN_LABEL = "tests.lumigo.io/run"
@@ -49,24 +50,7 @@ def namespaces(cluster: LocalCluster, crd: object) -> Iterator[dict[str, str]]:
 
 
 def deployment(kube: KubeClient, namespace: str, name: str) -> None:
-    labels = {"app": name}
-    kube.create(
-        DEPLOYMENTS,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
-                },
-            },
-        },
-        namespace,
-    )
+    kube.create(DEPLOYMENTS, one_container_deployment(name, "python:3.12"), namespace)
 
 
 def crash_looping_pod(kube: KubeClient, namespace: str, name: str) -> None:

@@ -29,6 +29,7 @@ from controller.telemetry_reconciler import (
 )
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
+from tests.support.workloads import one_container_deployment
 
 PROXY = "lumigo-telemetry-proxy"
 PROXY_SECRET = "lumigo-telemetry-proxy-config"
@@ -58,24 +59,8 @@ def informer(kube: KubeClient, monitored: str) -> Iterator[Informer]:
 
 
 def proxy_deployment(kube: KubeClient, namespace: str) -> None:
-    labels = {"app": PROXY}
-    kube.create(
-        DEPLOYMENTS,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": PROXY, "namespace": namespace},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {"containers": [{"name": "otelcol", "image": "otelcol:test"}]},
-                },
-            },
-        },
-        namespace,
-    )
+    body = one_container_deployment(PROXY, "otelcol:test", container="otelcol")
+    kube.create(DEPLOYMENTS, body, namespace)
 
 
 def stored_config(kube: KubeClient, namespace: str) -> tuple[str, str]:

@@ -57,6 +57,24 @@ def workload(resource: Resource, name: str, labels: dict[str, str] | None = None
     }
 
 
+def one_container_deployment(name: str, image: str, container: str = "app") -> dict[str, Any]:
+    """A one-replica Deployment running `image`, selected by app=<name>."""
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": container, "image": image}]},
+            },
+        },
+    }
+
+
 def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
     spec = obj["spec"]
     if obj["kind"] == "CronJob":
