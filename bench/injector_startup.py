@@ -2,8 +2,9 @@
 """Start-up cost of the injector, measured on this machine.
 
 1. A non-target process: /bin/true with vs without LD_PRELOAD=lumigo_injector.so (the injector's
-   own cost on every process of an injected container). Runs interleave A/B so that machine noise
-   hits both sides alike; reported as median and mean per run and the difference.
+   own cost on every process of an injected container), and with an empty library linked the
+   same way (the dynamic loader's floor for preloading anything). Runs interleave the three arms
+   so that machine noise hits them alike; reported as medians and the differences.
 2. The Python (Flask, CPython 3.11) and Node.js test apps: time from spawn to the first served
    HTTP response, untraced vs traced (this is the cost of loading the Lumigo distros).
 
@@ -14,10 +15,13 @@ Writes bench/results/injector_startup.json. Needs `make payload`.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -50,31 +54,53 @@ def spawn_once(argv: list[str], env: dict[str, str]) -> float:
     return elapsed / 1e6  # ms
 
 
+def empty_library(directory: Path) -> Path:
+    """A library with no code, linked with the injector's own flags: what preloading *any*
+    library costs the dynamic loader (open, mmap, relocate), the floor under our overhead."""
+    loader = importlib.machinery.SourceFileLoader(
+        "build_payload", str(ROOT / "injector/build-payload")
+    )
+    build_payload = importlib.util.module_from_spec(
+        importlib.util.spec_from_loader(loader.name, loader)
+    )
+    loader.exec_module(build_payload)
+    source = directory / "empty.c"
+    source.write_text("int lumigo_bench_empty;\n")
+    out = directory / "empty.so"
+    flags = [f for f in build_payload.CFLAGS if not f.startswith("-Wl,-soname")]
+    subprocess.run(["gcc", *flags, "-o", str(out), str(source)], check=True)
+    return out
+
+
 def non_target(runs: int, home: Path) -> dict[str, float]:
     env_without = {**base_env(home), "LUMIGO_TRACER_TOKEN": "t_0123456789abcdef01234"}
     env_with = {**env_without, "LD_PRELOAD": str(PAYLOAD / "injector" / "lumigo_injector.so")}
+    env_empty = {**env_without, "LD_PRELOAD": str(empty_library(home))}
+    arms = {"without": env_without, "with": env_with, "empty": env_empty}
     argv = ["/bin/true"]
     for _ in range(50):  # warm the page cache and the dynamic loader's caches
-        spawn_once(argv, env_without)
-        spawn_once(argv, env_with)
-    without: list[float] = []
-    with_injector: list[float] = []
+        for env in arms.values():
+            spawn_once(argv, env)
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    order = list(arms)
     for i in range(runs):
-        if i % 2:
-            without.append(spawn_once(argv, env_without))
-            with_injector.append(spawn_once(argv, env_with))
-        else:
-            with_injector.append(spawn_once(argv, env_with))
-            without.append(spawn_once(argv, env_without))
-    med_without, med_with = statistics.median(without), statistics.median(with_injector)
+        # Rotate the order so that machine noise hits every arm alike.
+        for name in order[i % 3 :] + order[: i % 3]:
+            times[name].append(spawn_once(argv, arms[name]))
+    med = {name: statistics.median(values) for name, values in times.items()}
     return {
         "runs": runs,
-        "median_ms_without": round(med_without, 4),
-        "median_ms_with": round(med_with, 4),
-        "mean_ms_without": round(statistics.fmean(without), 4),
-        "mean_ms_with": round(statistics.fmean(with_injector), 4),
-        "median_overhead_ms": round(med_with - med_without, 4),
-        "median_overhead_percent": round(100 * (med_with - med_without) / med_without, 2),
+        "median_ms_without": round(med["without"], 4),
+        "median_ms_with": round(med["with"], 4),
+        "mean_ms_without": round(statistics.fmean(times["without"]), 4),
+        "mean_ms_with": round(statistics.fmean(times["with"]), 4),
+        "median_overhead_ms": round(med["with"] - med["without"], 4),
+        "median_overhead_percent": round(100 * (med["with"] - med["without"]) / med["without"], 2),
+        "median_ms_empty_library": round(med["empty"], 4),
+        "empty_library_overhead_ms": round(med["empty"] - med["without"], 4),
+        "empty_library_overhead_percent": round(
+            100 * (med["empty"] - med["without"]) / med["without"], 2
+        ),
     }
 
 
