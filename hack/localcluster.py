@@ -320,6 +320,18 @@ class LocalCluster:
         if self._own_workdir and not os.environ.get("LUMIGO_KEEP_CLUSTER"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def process_report(self) -> str:
+        """One line per component (running, or its exit code and last log lines if it died):
+        attached to failing tests so that a dead controller-manager is not mistaken for a bug."""
+        lines = []
+        for name, proc in self.processes.items():
+            if proc.alive():
+                lines.append(f"{name}: running")
+            else:
+                code = proc.popen.returncode if proc.popen is not None else None
+                lines.append(f"{name}: EXITED ({code})\n{proc.log_tail(20)}")
+        return "\n".join(lines)
+
     def pids(self) -> list[int]:
         return [p.popen.pid for p in self.processes.values() if p.popen is not None]
 

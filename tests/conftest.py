@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test that used a control plane reports the state of its processes."""
+    report = yield
+    if report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        for name in ("cluster", "full_cluster", "disposable_cluster"):
+            local = funcargs.get(name)
+            if isinstance(local, LocalCluster):
+                report.sections.append((f"control plane ({name})", local.process_report()))
+    return report
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[LocalCluster]:
     """etcd + kube-apiserver for the whole session; full mode is added on first demand
@@ -54,6 +69,35 @@ def cluster() -> Iterator[LocalCluster]:
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def disposable_cluster() -> Iterator[LocalCluster]:
+    """A second, minimal control plane for tests that restart the API server or compact etcd.
+
+    Doing that to the session cluster leaves its controller-manager in client-go's reconnect
+    backoff (up to a minute, with jitter) and later tests that wait on a Deployment controller
+    time out; so disruption gets a cluster of its own, started on first demand.
+    """
+    local = LocalCluster()
+    local.start()
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def disposable_kube(disposable_cluster: LocalCluster) -> KubeClient:
+    return KubeClient.from_kubeconfig(disposable_cluster.kubeconfig)
+
+
+@pytest.fixture
+def disposable_namespace(disposable_cluster: LocalCluster, request: pytest.FixtureRequest) -> str:
+    """A fresh namespace in the disposable cluster (which is thrown away with its contents)."""
+    name = _namespace_name(request)
+    disposable_cluster.kubectl("create", "namespace", name)
+    return name
 
 
 @pytest.fixture(scope="session")

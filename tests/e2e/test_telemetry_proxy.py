@@ -9,6 +9,7 @@ it by the connection's address, as in a cluster.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,49 +62,60 @@ def owned(obj: JSON, owner: JSON) -> JSON:
 
 
 def app_pod_on_loopback(kube: KubeClient, namespace: str) -> dict[str, JSON]:
-    """Deployment -> ReplicaSet -> Pod (podIP 127.0.0.1), as the controllers would leave them."""
+    """Deployment -> ReplicaSet -> Pod (podIP 127.0.0.1), as the controllers would leave them.
+
+    With the full control plane running, the real controllers act on these objects too, so the
+    order matters: the Deployment is paused (its controller creates no ReplicaSet of its own),
+    and the Pod is Running before its ReplicaSet exists. The ReplicaSet controller then adopts it
+    and, should it have created a Pending pod in the meantime, deletes that one rather than ours
+    (it removes the least advanced pods first). No scheduler claims the Pod, so it is never bound
+    and keeps the loopback address.
+    """
     labels = {"app": "checkout"}
     template = {
         "metadata": {"labels": labels},
-        # No scheduler claims it, so with the full control plane running (kwok) this pod is
-        # never bound and keeps the loopback address written below.
         "spec": {
             "schedulerName": "tests.lumigo.io/none",
             "containers": [{"name": "app", "image": "python:3.12"}],
         },
     }
+    spec = {"replicas": 1, "selector": {"matchLabels": labels}, "template": template}
     deployment = kube.create(
         DEPLOYMENTS,
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {"name": "checkout", "namespace": namespace},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+            "spec": {**spec, "paused": True},
         },
         namespace,
     )
     deployment.setdefault("apiVersion", "apps/v1")
     deployment.setdefault("kind", "Deployment")
+    pod_name = f"checkout-7c9d8-{uuid.uuid4().hex[:5]}"
+    pod_body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": labels},
+        "spec": template["spec"],
+    }
+    kube.create(PODS, pod_body, namespace)
+    status = {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
+    kube.merge_patch(PODS, pod_name, {"status": status}, namespace, "status")
     rs_body = {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
         # Labelled like the pods: the deployment controller (full control plane) would otherwise
         # release it from the Deployment.
         "metadata": {"name": "checkout-7c9d8", "namespace": namespace, "labels": labels},
-        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": template},
+        "spec": spec,
     }
     replicaset = kube.create(REPLICASETS, owned(rs_body, deployment), namespace)
     replicaset.setdefault("apiVersion", "apps/v1")
     replicaset.setdefault("kind", "ReplicaSet")
-    pod_body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "checkout-7c9d8-x2x4q", "namespace": namespace, "labels": labels},
-        "spec": template["spec"],
-    }
-    pod = kube.create(PODS, owned(pod_body, replicaset), namespace)
-    status = {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
-    kube.merge_patch(PODS, pod["metadata"]["name"], {"status": status}, namespace, "status")
+    # What the ReplicaSet controller's adoption does; done here too for the minimal control plane.
+    adopt = owned({"metadata": {}}, replicaset)
+    pod = kube.merge_patch(PODS, pod_name, adopt, namespace)
     return {"deployment": deployment, "replicaset": replicaset, "pod": pod}
 
 

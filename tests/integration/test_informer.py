@@ -125,8 +125,12 @@ def test_projection_keeps_only_metadata(
 
 
 def test_survives_an_api_server_restart(
-    cluster: LocalCluster, kube: KubeClient, namespace: str, informers: list[Informer]
+    disposable_cluster: LocalCluster,
+    disposable_kube: KubeClient,
+    disposable_namespace: str,
+    informers: list[Informer],
 ) -> None:
+    cluster, kube, namespace = disposable_cluster, disposable_kube, disposable_namespace
     recorder = Recorder()
     informer = Informer(kube, CONFIGMAPS, namespace=namespace)
     informer.add_handler(recorder.handler())
@@ -143,8 +147,12 @@ def test_survives_an_api_server_restart(
 
 
 def test_relists_after_410_and_emits_deletes_that_happened_while_away(
-    cluster: LocalCluster, kube: KubeClient, namespace: str, informers: list[Informer]
+    disposable_cluster: LocalCluster,
+    disposable_kube: KubeClient,
+    disposable_namespace: str,
+    informers: list[Informer],
 ) -> None:
+    cluster, kube, namespace = disposable_cluster, disposable_kube, disposable_namespace
     proxy = TCPProxy("127.0.0.1", cluster.apiserver_port)
     try:
         config = pykube.KubeConfig.from_file(str(cluster.kubeconfig))

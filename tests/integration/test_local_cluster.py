@@ -191,7 +191,8 @@ def test_stop_and_ctrl_c_stop_everything() -> None:
     assert not kubeconfig.parent.exists()
 
 
-def test_apiserver_restart_and_etcd_compaction(cluster: LocalCluster) -> None:
+def test_apiserver_restart_and_etcd_compaction(disposable_cluster: LocalCluster) -> None:
+    cluster = disposable_cluster
     before = cluster.compact_etcd()
     cluster.restart_apiserver()
     started = time.monotonic()
