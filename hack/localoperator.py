@@ -53,6 +53,42 @@ LUMIGO_RULES = [
 ]
 
 
+def wait_until_webhooks_admit(kube: KubeClient, namespace: str, timeout: float = 60) -> None:
+    """Wait until a Lumigo created in `namespace` passes the defaulting webhook.
+
+    An operator is ready once the stored webhook configurations carry its CA bundle, but the API
+    server applies configuration changes from its own informer a moment later; a request in that
+    moment fails with "x509: certificate signed by unknown authority". A dry-run create goes
+    through the defaulting webhook (failurePolicy Fail), so it succeeds only once the API server
+    trusts the webhook's certificate.
+    """
+    body = {
+        "apiVersion": "operator.lumigo.io/v1alpha1",
+        "kind": "Lumigo",
+        "metadata": {"name": "admission-probe"},
+        "spec": {"lumigoToken": {"secretRef": {"name": "lumigo-credentials", "key": "token"}}},
+    }
+    last_error = ""
+
+    def admitted() -> bool:
+        nonlocal last_error
+        try:
+            kube.request(
+                "POST", LUMIGOES.path(namespace), params={"dryRun": "All"}, body=body, retry=False
+            )
+        except ApiError as err:
+            if "failed calling webhook" not in err.message:
+                raise
+            last_error = err.message
+            return False
+        return True
+
+    try:
+        wait_until(admitted, timeout, "the API server to call the webhooks")
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}: {last_error}") from None
+
+
 class OperatorProcess:
     """One operator process (restartable on the same ports) plus its webhook registrations."""
 
@@ -86,6 +122,7 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.namespaces: list[str] = []
+        self._probe_namespace: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def setup(self) -> OperatorProcess:
@@ -142,7 +179,19 @@ class OperatorProcess:
             wait_until(ready, timeout, "the operator to be ready")
         except TimeoutError:
             raise TimeoutError(f"{self.probe('/readyz?verbose')}\n{self.log_tail()}") from None
+        self.wait_admitting(timeout)
         return self
+
+    def wait_admitting(self, timeout: float) -> None:
+        """Wait until the API server itself calls this operator's webhooks successfully."""
+        if self._probe_namespace is None:
+            # `make run` selects every namespace: nothing needs creating for a dry run there.
+            selected = "default" if self.select_all_namespaces else None
+            self._probe_namespace = selected or self.new_namespace()
+        try:
+            wait_until_webhooks_admit(self.kube, self._probe_namespace, timeout)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}\n{self.log_tail()}") from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int | None:
         if self.proc is None:

@@ -18,6 +18,7 @@ from controller.events import EventRecorder
 from controller.informer import Informer
 from controller.kube import KubeClient
 from localcluster import wait_until
+from localoperator import wait_until_webhooks_admit
 from tests.support import standin_handler, workloads
 from tests.support.webhook_cluster import (
     CertStack,
@@ -244,6 +245,7 @@ def operator(kube: KubeClient, namespace: str, crd: Any) -> Iterator[Operator]:
             cert_stack(kube, policy(namespace), [name], tls=tls) as stack,
         ):
             stack.wait_ready()
+            wait_until_webhooks_admit(kube, namespace)
             yield Operator(server, lumigoes, namespace)
     finally:
         server.stop()
