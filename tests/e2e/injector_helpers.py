@@ -207,8 +207,13 @@ def _port_open(port: int) -> bool:
 
 
 @contextmanager
-def running_app(args: list[str], env: dict[str, str], workdir: Path) -> Iterator[App]:
-    """Start an HTTP app (env PORT), wait until it listens, always stop its process group."""
+def running_app(
+    args: list[str], env: dict[str, str], workdir: Path, poll_interval: float = 0.1
+) -> Iterator[App]:
+    """Start an HTTP app (env PORT), wait until it listens, always stop its process group.
+
+    `poll_interval` is how often the port is tried: start-up benchmarks need a fine one, since
+    the time is only known to within it."""
     port = free_port()
     out, err = workdir / f"app-{port}.out", workdir / f"app-{port}.err"
     with out.open("wb") as o, err.open("wb") as e:
@@ -223,7 +228,9 @@ def running_app(args: list[str], env: dict[str, str], workdir: Path) -> Iterator
                 raise AssertionError(f"app exited with {proc.returncode}:\n{app.output()}")
             return _port_open(port)
 
-        wait_until(listening, timeout=120, what=f"{args[0]} listening on {port}")
+        wait_until(
+            listening, timeout=120, what=f"{args[0]} listening on {port}", interval=poll_interval
+        )
         yield app
     finally:
         stop(proc)
