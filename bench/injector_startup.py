@@ -140,7 +140,8 @@ def apps(runs: int, home: Path) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2000)
-    parser.add_argument("--app-runs", type=int, default=21)  # start-up times are noisy: a median of many
+    # Start-up times are noisy: the median of many runs.
+    parser.add_argument("--app-runs", type=int, default=21)
     args = parser.parse_args()
     if not (PAYLOAD / "injector" / "lumigo_injector.so").exists():
         raise SystemExit("run `make payload` first")
