@@ -63,12 +63,8 @@ def pytest_runtest_makereport(
 def cluster() -> Iterator[LocalCluster]:
     """etcd + kube-apiserver for the whole session; full mode is added on first demand
     (LUMIGO_TEST_FULL=1 starts it at once, to check that no test depends on the order)."""
-    local = LocalCluster(full=os.environ.get("LUMIGO_TEST_FULL") == "1")
-    local.start()
-    try:
+    with LocalCluster(full=os.environ.get("LUMIGO_TEST_FULL") == "1") as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="session")
@@ -79,12 +75,8 @@ def disposable_cluster() -> Iterator[LocalCluster]:
     backoff (up to a minute, with jitter) and later tests that wait on a Deployment controller
     time out; so disruption gets a cluster of its own, started on first demand.
     """
-    local = LocalCluster()
-    local.start()
-    try:
+    with LocalCluster() as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="session")
