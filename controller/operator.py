@@ -110,6 +110,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     settings = InjectionSettings(
         operator_version=opts.operator_version,
         injector_image=opts.injector_image,
+        injector_pull_policy=opts.injector_pull_policy,
         telemetry_proxy_endpoint=opts.telemetry_proxy_endpoint,
     )
     _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder, settings=settings)

@@ -62,6 +62,7 @@ class RunOptions:
     cert_lookahead: float = 30 * 86400.0
     cert_check_interval: float = 3600.0
     injector_image: str = constants.DEFAULT_INJECTOR_IMAGE
+    injector_pull_policy: str = constants.DEFAULT_INJECTOR_PULL_POLICY
     telemetry_proxy_endpoint: str = constants.DEFAULT_TELEMETRY_PROXY_SERVICE
     leader_elect: bool = True
     leader_election_id: str = constants.LEADER_ELECTION_ID
@@ -117,6 +118,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     a("--cert-lookahead", type=parse_duration, default=d.cert_lookahead)
     a("--cert-check-interval", type=parse_duration, default=d.cert_check_interval)
     a("--injector-image", default=_env("LUMIGO_INJECTOR_IMAGE", d.injector_image))
+    a(
+        "--injector-pull-policy",
+        choices=constants.PULL_POLICIES,
+        default=_env("LUMIGO_INJECTOR_PULL_POLICY", d.injector_pull_policy),
+        help="the init container's imagePullPolicy [LUMIGO_INJECTOR_PULL_POLICY]",
+    )
     a(
         "--telemetry-proxy-endpoint",
         default=_env("TELEMETRY_PROXY_OTLP_SERVICE", d.telemetry_proxy_endpoint),

@@ -147,6 +147,7 @@ class InjectionSettings:
 
     operator_version: str = "dev"
     injector_image: str = constants.DEFAULT_INJECTOR_IMAGE
+    injector_pull_policy: str = constants.DEFAULT_INJECTOR_PULL_POLICY
     # Base URL of the telemetry proxy (TELEMETRY_PROXY_OTLP_SERVICE); /v1/traces and /v1/logs
     # are appended.
     telemetry_proxy_endpoint: str = constants.DEFAULT_TELEMETRY_PROXY_SERVICE
@@ -165,6 +166,11 @@ class InjectionSettings:
             )
         if not self.injector_image or self.injector_image != self.injector_image.strip():
             raise ValueError(f"invalid injector image {self.injector_image!r}")
+        if self.injector_pull_policy not in constants.PULL_POLICIES:
+            raise ValueError(
+                f"invalid injector image pull policy {self.injector_pull_policy!r}: one of "
+                + ", ".join(constants.PULL_POLICIES)
+            )
         if not self.telemetry_proxy_endpoint.startswith(("http://", "https://")):
             raise ValueError(
                 f"telemetry proxy endpoint {self.telemetry_proxy_endpoint!r} must be an "
@@ -449,20 +455,23 @@ def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON 
     # The reference runs as the pod's fsGroup so the copy is writable; fsGroup 0 would mean root,
     # which `runAsNonRoot: true` refuses and the restricted policy forbids, so use 1234 then.
     user = fs_group if fs_group else constants.DEFAULT_INIT_CONTAINER_UID
+    # The restricted Pod Security Standard on its own, whatever the pod or its other containers
+    # say: a namespace that enforces it checks every container, and a pod that sets
+    # `runAsNonRoot` per container (not on the pod) would otherwise be refused because of ours.
     context: JSON = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
         "runAsUser": user,
         "runAsGroup": user,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    if "runAsNonRoot" in pod_context:
-        context["runAsNonRoot"] = pod_context["runAsNonRoot"]
     container: JSON = {
         "name": constants.INJECTOR_INIT_CONTAINER,
         "image": settings.injector_image,
+        "imagePullPolicy": settings.injector_pull_policy,
         "env": copy_json(_INIT_ENV),
         "volumeMounts": copy_json(_INIT_MOUNTS),
         "securityContext": context,
@@ -477,8 +486,6 @@ def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON 
         for key in _SERVER_DEFAULTED:
             if key in existing:
                 container[key] = existing[key]
-        if existing.get("image") == container["image"] and "imagePullPolicy" in existing:
-            container["imagePullPolicy"] = existing["imagePullPolicy"]
         if _same_resources(existing.get("resources"), container["resources"]):
             container["resources"] = existing["resources"]
     return container

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import api
 from api import constants
 from api.lumigo import load_spec
 from webhook import mutation
@@ -85,7 +86,7 @@ def test_a_plain_deployment_gets_exactly_the_reference_instrumentation() -> None
     assert init["env"] == [{"name": "TARGET_DIRECTORY", "value": "/target"}]
     assert init["volumeMounts"] == [{"name": "lumigo-injector", "mountPath": "/target"}]
     assert "command" not in init
-    assert "imagePullPolicy" not in init
+    assert init["imagePullPolicy"] == "IfNotPresent"  # explicit: a pinned tag, pulled once
     (app,) = spec["containers"]
     assert app["env"] == expected_env("app")
     assert app["volumeMounts"] == [
@@ -163,16 +164,12 @@ def test_replicasets_owned_by_a_deployment_are_left_to_their_deployment() -> Non
     [
         ({}, {"runAsUser": 1234, "runAsGroup": 1234}),
         ({"fsGroup": 3000}, {"runAsUser": 3000, "runAsGroup": 3000}),
-        ({"runAsNonRoot": True}, {"runAsUser": 1234, "runAsGroup": 1234, "runAsNonRoot": True}),
-        (
-            {"runAsNonRoot": False, "fsGroup": 42},
-            {"runAsUser": 42, "runAsGroup": 42, "runAsNonRoot": False},
-        ),
+        ({"runAsNonRoot": True}, {"runAsUser": 1234, "runAsGroup": 1234}),
+        # Ours runs as a non-root UID whatever the pod says, and says so itself: the restricted
+        # standard then admits it even when the pod sets runAsNonRoot per container only.
+        ({"runAsNonRoot": False, "fsGroup": 42}, {"runAsUser": 42, "runAsGroup": 42}),
         # Fix: fsGroup 0 would run the copy as root, which runAsNonRoot refuses.
-        (
-            {"fsGroup": 0, "runAsNonRoot": True},
-            {"runAsUser": 1234, "runAsGroup": 1234, "runAsNonRoot": True},
-        ),
+        ({"fsGroup": 0, "runAsNonRoot": True}, {"runAsUser": 1234, "runAsGroup": 1234}),
     ],
 )
 def test_init_container_security_context_follows_the_pod(pod_context: JSON, expected: JSON) -> None:
@@ -184,6 +181,7 @@ def test_init_container_security_context_follows_the_pod(pod_context: JSON, expe
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsNonRoot": True,
         **expected,
     }
 
@@ -419,7 +417,18 @@ def test_fix_server_defaults_on_our_init_container_are_not_a_change() -> None:
     upgraded = inject(stored, InjectionSettings(operator_version="2.0", injector_image="new:2"))
     new_init = template_of(upgraded)["spec"]["initContainers"][0]
     assert new_init["image"] == "new:2"
-    assert "imagePullPolicy" not in new_init  # the API server defaults it for the new image
+    assert new_init["imagePullPolicy"] == "IfNotPresent"
+    never = inject(stored, InjectionSettings(operator_version="2.0", injector_pull_policy="Never"))
+    assert template_of(never)["spec"]["initContainers"][0]["imagePullPolicy"] == "Never"
+
+
+def test_the_default_injector_image_is_our_own_pinned_one() -> None:
+    """Never the reference's public `:latest` image (pull policy Always on every pod start)."""
+    image = InjectionSettings().injector_image
+    assert image == f"quay.io/lumigo/lumigo-autotrace:v{api.__version__}"
+    assert not image.endswith(":latest")
+    with pytest.raises(ValueError, match="invalid injector image pull policy 'Sometimes'"):
+        InjectionSettings(injector_pull_policy="Sometimes")
 
 
 # --- validation and settings ---------------------------------------------------------------
