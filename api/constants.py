@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from api import __version__
+
 # --- API identity -------------------------------------------------------------------------
 GROUP: Final = "operator.lumigo.io"
 VERSION: Final = "v1alpha1"
@@ -55,7 +57,13 @@ INJECTOR_VOLUME_SIZE_LIMIT: Final = "200M"
 INJECTOR_TARGET_DIRECTORY: Final = "/target"
 LUMIGO_MOUNT_PATH: Final = "/opt/lumigo"
 LD_PRELOAD_VALUE: Final = "/opt/lumigo/injector/lumigo_injector.so"
-DEFAULT_INJECTOR_IMAGE: Final = "public.ecr.aws/lumigo/lumigo-autotrace:latest"
+# Our own autotrace image, pinned to the operator's version (never a `:latest` tag, which would
+# make the kubelet pull it on every pod start, and never another project's image).
+INJECTOR_IMAGE_REPOSITORY: Final = "quay.io/lumigo/lumigo-autotrace"
+DEFAULT_INJECTOR_IMAGE: Final = f"{INJECTOR_IMAGE_REPOSITORY}:v{__version__}"
+# Set explicitly on the init container: a pinned tag is pulled once per node.
+DEFAULT_INJECTOR_PULL_POLICY: Final = "IfNotPresent"
+PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 DEFAULT_INIT_CONTAINER_UID: Final = 1234
 
 ENV_LD_PRELOAD: Final = "LD_PRELOAD"
@@ -83,7 +91,9 @@ DEFAULT_TELEMETRY_PROXY_SERVICE: Final = (
 )
 
 # --- Token validation ---------------------------------------------------------------------
-# Unanchored on purpose: the reference searches, it does not full-match.
+# The whole value (surrounding whitespace aside, e.g. the newline of `echo t_... > file`) must
+# match: the reference searches instead, which let `t_<21 hex>${env:X}` through into the proxy's
+# configuration.
 TOKEN_PATTERN: Final = r"t_[0-9A-Fa-f]{21}"
 
 # --- Workload kinds -----------------------------------------------------------------------

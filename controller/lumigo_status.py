@@ -56,7 +56,7 @@ def token_secret_problem(namespace: str, ref: SecretRef, secret: JSON | None) ->
     value = secret_value(secret, ref.key)
     if value is None:
         return SECRET_ERROR_PREFIX + f"the secret {where} does not have the key '{ref.key}'"
-    if not _TOKEN.search(value):
+    if valid_token(value) is None:
         return SECRET_ERROR_PREFIX + (
             f"the value of the field '{ref.key}' of the secret {where} does not match the "
             "expected structure of Lumigo tokens: it should be `t_` followed by 21 alphanumeric "
@@ -64,6 +64,22 @@ def token_secret_problem(namespace: str, ref: SecretRef, secret: JSON | None) ->
             "to retrieve your Lumigo token"
         )
     return None
+
+
+def valid_token(value: str) -> str | None:
+    """The token without surrounding whitespace if all of it is a Lumigo token, else None.
+
+    A full match, not the reference's search: the token is written into the telemetry proxy's
+    configuration, so nothing but `t_` and 21 hex digits may ever pass.
+    """
+    token = value.strip()
+    return token if _TOKEN.fullmatch(token) else None
+
+
+def secret_token(secret: JSON, key: str) -> str | None:
+    """The valid token held in `key` of a Secret, or None (see `token_secret_problem` for why)."""
+    value = secret_value(secret, key)
+    return None if value is None else valid_token(value)
 
 
 def secret_value(secret: JSON, key: str) -> str | None:

@@ -131,8 +131,28 @@ class ProxySettings:
 def render(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> str:
     """The collector configuration as YAML text (deterministic; contains tokens)."""
     return yaml.safe_dump(
-        build(namespaces, settings), sort_keys=True, default_flow_style=False, width=1000
+        escape_expansion(build(namespaces, settings)),
+        sort_keys=True,
+        default_flow_style=False,
+        width=1000,
     )
+
+
+def escape_expansion(value: Any) -> Any:
+    """`value` with every `$` in its string values written `$$`, the collector's literal dollar.
+
+    The collector expands `${env:…}`, `${file:…}` (and, in upstream builds, `${http:…}`) anywhere
+    in its configuration, and fails to load it at all on an unknown scheme. This configuration is
+    shared by every namespace and carries values that come from users (tokens, names), and the
+    operator itself never uses expansion: so no string in it is ever expanded.
+    """
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: escape_expansion(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [escape_expansion(v) for v in value]
+    return value
 
 
 def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> JSON:

@@ -28,7 +28,7 @@ from api.lumigo import InvalidSpecError, load_spec
 from api.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
 from controller.informer import FuncHandler, Informer
 from controller.kube import KubeClient
-from controller.lumigo_status import is_active, secret_value, token_secret_problem
+from controller.lumigo_status import is_active, secret_token, token_secret_problem
 from controller.telemetry_config import MonitoredNamespace, ProxySettings, render
 
 log = logging.getLogger("lumigo.telemetry")
@@ -239,10 +239,10 @@ class TelemetryProxyReconciler:
             ref = spec.lumigo_token.secret_ref
             secret = self.client.get_or_none(SECRETS, ref.name, namespace) if ref.name else None
             problem = token_secret_problem(namespace, ref, secret)
-            if problem is not None or secret is None:
-                reasons[namespace] = problem or "no secret"
+            token = secret_token(secret, ref.key) if secret is not None else None
+            if problem is not None or token is None:
+                reasons[namespace] = problem or "no valid token"
                 continue
-            token = (secret_value(secret, ref.key) or "").strip()
             out.append(MonitoredNamespace(namespace, self._namespace_uid(namespace), token))
         self._report(reasons)
         return out

@@ -14,6 +14,7 @@ from controller.lumigo_status import (
     apply_conditions,
     instrumented_reference,
     is_active,
+    secret_token,
     sort_instrumented,
     token_secret_problem,
     was_ever_activated,
@@ -57,8 +58,9 @@ def test_secret_problems_use_the_reference_messages(
 
 def test_valid_tokens_pass_and_are_never_quoted() -> None:
     assert token_secret_problem("ns", SecretRef("c", "token"), secret(token=TOKEN)) is None
-    # The reference regex is unanchored: surrounding text (e.g. a trailing newline) is fine.
+    # Surrounding whitespace (the newline of `echo t_... > file`) is not part of the token.
     assert token_secret_problem("ns", SecretRef("c", "token"), secret(token=TOKEN + "\n")) is None
+    assert secret_token(secret(token=f" {TOKEN}\n"), "token") == TOKEN
     bad = "t_zzzzzzzzzzzzzzzzzzzzzsecret"
     problem = token_secret_problem("ns", SecretRef("c", "token"), secret(token=bad))
     assert problem is not None
@@ -136,3 +138,25 @@ def test_instrumented_resources_are_sorted_like_the_reference() -> None:
         ("StatefulSet", "s"), ("CronJob", "b"), ("Job", "a"),
     ]  # fmt: skip
     assert set(refs[0]) == {"apiVersion", "kind", "name", "namespace", "resourceVersion", "uid"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        TOKEN + "${env:AWS_SECRET}",  # collector env expansion
+        TOKEN + "${file:/var/run/secrets/kubernetes.io/serviceaccount/token}",
+        TOKEN + "${https://attacker.example/x}",
+        "${env:X}" + TOKEN,
+        TOKEN + "0",  # 22 hex digits
+        TOKEN + "\nsecond: line",
+        "Bearer " + TOKEN,
+        TOKEN.replace("1", " ", 1),
+    ],
+)
+def test_only_an_exact_token_is_valid(value: str) -> None:
+    """The reference's unanchored search accepted all of these; the token goes into the proxy's
+    configuration, so anything around `t_` + 21 hex digits is refused with the usual message."""
+    problem = token_secret_problem("ns", SecretRef("c", "token"), secret(token=value))
+    assert problem is not None
+    assert "does not match the expected structure of Lumigo tokens" in problem
+    assert secret_token(secret(token=value), "token") is None

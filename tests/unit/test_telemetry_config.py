@@ -123,3 +123,25 @@ def test_token_is_not_in_the_repr() -> None:
 def test_bad_upstream_endpoint_is_refused_with_a_clear_message(endpoint: str) -> None:
     with pytest.raises(ValueError, match="invalid telemetry upstream endpoint"):
         ProxySettings(upstream_endpoint=endpoint)
+
+
+def test_no_user_value_is_ever_expanded_by_the_collector() -> None:
+    """Every `$` of a value reaches the collector as `$$` (its literal dollar), so a token or a
+    cluster name holding `${env:…}`/`${file:…}` can neither read the proxy's environment or files
+    nor, with an unknown scheme, stop the configuration shared by every namespace from loading."""
+    hostile = "t_0123456789abcdef01234${env:HOME}"
+    settings = ProxySettings(cluster_name="prod-${file:/etc/passwd}")
+    text = render([ns("evil", hostile), ns("good", TOKEN_B)], settings)
+    assert "${" not in text.replace("$${", "")
+    config = yaml.safe_load(text)
+    headers = config["exporters"]["otlp_http/ns-evil"]["headers"]
+    assert headers == {"Authorization": "LumigoToken t_0123456789abcdef01234$${env:HOME}"}
+    assert config["exporters"]["otlp_http/ns-good"]["headers"] == {
+        "Authorization": f"LumigoToken {TOKEN_B}"
+    }
+    (cluster,) = [
+        a
+        for a in config["processors"]["resource/lumigo"]["attributes"]
+        if a["key"] == "k8s.cluster.name"
+    ]
+    assert cluster["value"] == "prod-$${file:/etc/passwd}"
