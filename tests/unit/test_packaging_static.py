@@ -156,6 +156,9 @@ def test_versions_and_images_agree() -> None:
     injector_image = values["injectorWebhook"]["lumigoInjector"]["image"]
     assert f"{manager_image['repository']}:v{VERSION}" == OPERATOR_IMAGE
     assert f"{injector_image['repository']}:v{VERSION}" == INJECTOR_IMAGE
+    # The binary's own default (make run, a bare `lumigo-operator run`) is the same pinned image.
+    assert constants.DEFAULT_INJECTOR_IMAGE == INJECTOR_IMAGE
+    assert injector_image["pullPolicy"] == constants.DEFAULT_INJECTOR_PULL_POLICY
     assert csv()["spec"]["minKubeVersion"] == chart["kubeVersion"].strip(">=").removesuffix("-0")
     proxy_image = values["telemetryProxy"]["image"]
     assert f"{proxy_image['repository']}:{proxy_image['tag']}" == PROXY_IMAGE
