@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from api.resources import DEPLOYMENTS, EVENTS, LUMIGOES, PODS, SECRETS
+from api.resources import DEPLOYMENTS, EVENTS, LUMIGOES, NAMESPACES, PODS, SECRETS
 from controller.informer import Informer
 from controller.kube import KubeClient
+from controller.telemetry_config import MonitoredNamespace, render
 from controller.telemetry_reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
@@ -185,5 +186,77 @@ def test_events_and_objects_collected_per_namespace_with_its_token(
             )
         assert not seen(sink, "Deployment", "web-after-deletion")
         assert all(r.resource.get("k8s.namespace.name") == barrier for r in sink.logs()[before:])
+    finally:
+        lumigoes.stop()
+
+
+def test_a_hostile_token_never_reaches_the_shared_proxy_configuration(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """A namespace admin's token that embeds collector expansion (`${env:…}`, an unknown scheme)
+    is refused by validation, so it is never rendered; and even a value that did reach the
+    renderer is sent literally, while every other namespace's pipeline keeps working."""
+    run = uuid.uuid4().hex[:8]
+    evil, good = namespaces["monitored"], namespaces["barrier"]
+    good_token = random_token()
+    hostile = random_token() + "${env:LUMIGO_TEST_LEAK}"
+    for ns, token in ((evil, hostile), (good, good_token)):
+        create_token_secret(kube, ns, token)
+        create_lumigo(kube, ns)
+        kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
+        set_active(kube, ns)
+    lumigoes = Informer(kube, LUMIGOES, label_selector=f"{RUN_LABEL}={run}")
+    lumigoes.start()
+    settings = local_settings(sink.url, namespace)
+    target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
+    reconciler = TelemetryProxyReconciler(kube, lumigoes, target, settings)
+    env = {**cluster.env(), "LUMIGO_TEST_LEAK": "leaked-value"}
+    try:
+        wait_until(
+            lambda: sum(1 for o in lumigoes.store.list() if o.get("status")) == 2,
+            30,
+            "both active Lumigoes in the informer",
+        )
+        assert reconciler.sync()
+        secret = kube.get(SECRETS, target.secret_name, namespace)
+        stored = base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+        assert [ns.name for ns in reconciler.monitored_namespaces()] == [good]
+        assert "${" not in stored
+        assert f"k8s_objects/{evil}" not in stored
+
+        # Defence in depth: values that reach the renderer anyway are never expanded, and an
+        # unknown scheme in one namespace's value does not stop the shared configuration loading.
+        uids = {ns: kube.get(NAMESPACES, ns)["metadata"]["uid"] for ns in (evil, good)}
+        unknown_scheme = random_token() + "${nosuchscheme:x}"
+        config = render(
+            [
+                MonitoredNamespace(evil, uids[evil], hostile),
+                MonitoredNamespace(namespaces["other"], "", unknown_scheme),
+                MonitoredNamespace(good, uids[good], good_token),
+            ],
+            settings,
+        )
+        deployment(kube, evil, "web-evil")
+        deployment(kube, good, "web-good")
+        with running_collector(config, tmp_path, settings.health_port, env):
+            wait_until(
+                lambda: (
+                    seen(sink, "Deployment", "web-good") and seen(sink, "Deployment", "web-evil")
+                ),
+                90,
+                "both namespaces' Deployments at the sink",
+            )
+        authorizations = {
+            r.resource.get("k8s.namespace.name"): r.authorization for r in sink.logs()
+        }
+        assert authorizations[good] == f"LumigoToken {good_token}"
+        assert authorizations[evil] == f"LumigoToken {hostile}"  # literal, not expanded
+        assert all("leaked-value" not in r.authorization for r in sink.logs())
     finally:
         lumigoes.stop()
