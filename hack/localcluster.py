@@ -6,6 +6,10 @@ a service-account signing key, the admin user as a client certificate in `system
 Full mode adds kube-controller-manager, kube-scheduler and kwok with one fake node, so that
 Deployments get ReplicaSets, pods get scheduled and become Running, and garbage collection works.
 
+Optionally (`audit=True`, off by default) the API server writes an audit log of every request
+made by a ServiceAccount (level Metadata: who did which verb on which object, and the answer),
+so that a test can compare what an installed identity really does with what its RBAC grants.
+
 Every process is started in its own session with PR_SET_PDEATHSIG, so even a SIGKILLed parent
 leaves no orphan; `stop()` terminates them and removes the work directory.
 
@@ -243,6 +247,18 @@ class Process:
 
 WORKDIR_PREFIX = "lumigo-cluster-"
 
+# Metadata of ServiceAccounts' requests only: the admin's and the control plane's own traffic is
+# not what a test wants to know, and logging it would cost every request.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
 
 def sweep_stale_workdirs() -> None:
     """Remove work directories left by a parent that was SIGKILLed (its children died with it)."""
@@ -262,7 +278,9 @@ def sweep_stale_workdirs() -> None:
 class LocalCluster:
     """etcd + kube-apiserver (+ controller-manager, scheduler, kwok in full mode)."""
 
-    def __init__(self, workdir: Path | None = None, full: bool = False) -> None:
+    def __init__(
+        self, workdir: Path | None = None, full: bool = False, *, audit: bool = False
+    ) -> None:
         self._own_workdir = workdir is None
         if workdir is None:
             sweep_stale_workdirs()
@@ -270,6 +288,7 @@ class LocalCluster:
         (self.workdir / "owner.pid").write_text(str(os.getpid()))
         self.full = False
         self._want_full = full
+        self.audit = audit
         self.etcd_port = free_port()
         self.apiserver_port = free_port()
         self.processes: dict[str, Process] = {}
@@ -283,6 +302,19 @@ class LocalCluster:
     @property
     def kubeconfig(self) -> Path:
         return self.workdir / "kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "logs" / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit events written so far (`audit=True` only), oldest first."""
+        if not self.audit:
+            raise RuntimeError("this cluster was started without audit=True")
+        if not self.audit_log.exists():
+            return []
+        lines = self.audit_log.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
 
     @property
     def etcd_url(self) -> str:
@@ -463,6 +495,7 @@ class LocalCluster:
                 f"--cert-dir={self.workdir / 'pki'}",
                 "--profiling=false",
                 "--event-ttl=1h",
+                *self._audit_flags(),
             ],
         )
 
@@ -470,6 +503,18 @@ class LocalCluster:
             return self.request("/readyz") == "ok"
 
         self._wait_healthy(proc, ready, 120)
+
+    def _audit_flags(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.workdir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # written before the response: nothing is lost
+        ]
 
     def _write_kubeconfig(self) -> None:
         def b64(path: Path) -> str:

@@ -97,6 +97,7 @@ def test_webhook_configurations_only_the_operators_own(rbac: Rbac) -> None:
         "get", f"mutatingwebhookconfigurations/{rbac.fullname}-defaulter-webhook-configuration"
     )
     assert not rbac.can("patch", "mutatingwebhookconfigurations/someone-else")
+    assert not rbac.can("update", f"mutatingwebhookconfigurations/{own}"), "a JSON patch only"
     assert not rbac.can("create", "mutatingwebhookconfigurations")
     assert not rbac.can("delete", f"mutatingwebhookconfigurations/{own}")
     selector = f"metadata.name={own}"
@@ -113,18 +114,32 @@ def test_leader_election_lease_in_the_own_namespace_only(rbac: Rbac) -> None:
 
 
 def test_workloads_and_lumigoes(rbac: Rbac) -> None:
+    """The manager's ClusterRole, checked against what the operator does in
+    test_rbac_least_privilege: workloads are written back whole (update, never patch), Jobs are
+    only read, Lumigoes are never created, deleted or updated by the operator."""
     for resource in ("deployments.apps", "daemonsets.apps", "replicasets.apps",
                      "statefulsets.apps", "cronjobs.batch", "jobs.batch"):  # fmt: skip
         assert rbac.can("list", resource, "--all-namespaces"), resource
         assert rbac.can("watch", resource, "--all-namespaces"), resource
-        assert rbac.can("update", resource, "-n", "some-app"), resource
-        assert rbac.can("patch", resource, "-n", "some-app"), resource
+        assert rbac.can("get", resource, "-n", "some-app"), resource
+        writable = resource != "jobs.batch"  # immutable: the operator reports, never writes
+        assert rbac.can("update", resource, "-n", "some-app") == writable, resource
+        assert not rbac.can("patch", resource, "-n", "some-app"), resource
         assert not rbac.can("delete", resource, "-n", "some-app"), resource
         assert not rbac.can("create", resource, "-n", "some-app"), resource
-    assert rbac.can("watch", "lumigoes.operator.lumigo.io", "--all-namespaces")
-    assert rbac.can("update", "lumigoes.operator.lumigo.io", "--subresource=status", "-n", "a")
-    assert rbac.can("update", "lumigoes.operator.lumigo.io", "--subresource=finalizers", "-n", "a")
+    lumigoes = "lumigoes.operator.lumigo.io"
+    assert rbac.can("watch", lumigoes, "--all-namespaces")
+    assert rbac.can("patch", lumigoes, "-n", "a"), "the finalizer"
+    assert rbac.can("update", lumigoes, "--subresource=status", "-n", "a")
+    assert not rbac.can("patch", lumigoes, "--subresource=status", "-n", "a")
+    assert not rbac.can("update", lumigoes, "--subresource=finalizers", "-n", "a")
+    for verb in ("create", "delete", "update"):
+        assert not rbac.can(verb, lumigoes, "-n", "a"), verb
+    assert rbac.can("get", "namespaces/some-app")
+    assert not rbac.can("list", "namespaces")
+    assert not rbac.can("watch", "namespaces")
     assert rbac.can("create", "events", "-n", "some-app")
+    assert rbac.can("patch", "events", "-n", "some-app"), "repeated events are aggregated"
     assert not rbac.can("delete", "events", "-n", "some-app")
     assert not rbac.can("create", "pods", "-n", "some-app")
     assert not rbac.can("create", "customresourcedefinitions.apiextensions.k8s.io")
@@ -132,10 +147,19 @@ def test_workloads_and_lumigoes(rbac: Rbac) -> None:
 
 def test_uninstall_hook_can_strip_workloads_but_read_no_secret(rbac: Rbac) -> None:
     hook = f"{rbac.fullname}-uninstall-hook"
-    assert rbac.can("delete", "lumigoes.operator.lumigo.io", "-n", "a", sa=hook)
-    assert rbac.can("patch", "lumigoes.operator.lumigo.io", "-n", "a", sa=hook)
-    assert rbac.can("list", "namespaces", sa=hook)
+    lumigoes = "lumigoes.operator.lumigo.io"
+    assert rbac.can("list", lumigoes, "--all-namespaces", sa=hook)
+    assert rbac.can("delete", lumigoes, "-n", "a", sa=hook)
+    assert rbac.can("patch", lumigoes, "-n", "a", sa=hook), "the finalizer, operator gone"
+    for verb in ("get", "watch", "update", "create"):
+        assert not rbac.can(verb, lumigoes, "-n", "a", sa=hook), verb
+    assert rbac.can("list", "deployments.apps", "--all-namespaces", sa=hook)
     assert rbac.can("update", "deployments.apps", "-n", "a", sa=hook)
+    assert rbac.can("update", "cronjobs.batch", "-n", "a", sa=hook)
+    assert not rbac.can("update", "jobs.batch", "-n", "a", sa=hook)
+    assert not rbac.can("patch", "deployments.apps", "-n", "a", sa=hook)
+    assert not rbac.can("list", "namespaces", sa=hook), "workloads are listed cluster-wide"
+    assert rbac.can("create", "events", "-n", "a", sa=hook)
     assert not rbac.can("get", "secrets", "-n", "a", sa=hook)
     assert not rbac.can("delete", "deployments.apps", "-n", "a", sa=hook)
 

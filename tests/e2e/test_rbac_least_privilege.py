@@ -1,0 +1,375 @@
+"""Least privilege, measured: every permission an install grants is one the code really uses.
+
+A control plane of its own, with an audit log of the ServiceAccounts' requests (level Metadata),
+runs the kustomize install's manager as its own ServiceAccount (so exactly the install's RBAC)
+through a scenario that takes every path that talks to the API server: start-up (leader
+election, the self-managed certificate, the webhook configurations' caBundle), the
+telemetry-proxy configuration for two namespaces, instrumenting existing workloads of all six
+kinds, a new workload through the webhook, deleting a Lumigo, and then `lumigo-operator
+uninstall` as the Helm pre-delete hook's own ServiceAccount with a Lumigo left to finalize.
+
+What the API server recorded (verb, API group, resource/subresource, name, namespace) is the
+truth. Helm, kustomize and the OLM bundle must grant each identity nothing beyond it (except the
+entries of ALLOWED_UNUSED, each with why the scenario cannot exercise it) and deny nothing of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.resources import DEPLOYMENTS, JOBS, LUMIGOES, SECRETS
+from controller.kube import KubeClient
+from localcluster import LocalCluster, wait_until
+from tests.e2e.packaging_support import (
+    CRD_NAME,
+    OPERATOR_SA,
+    ROOT,
+    installed_operator,
+    load_docs,
+    load_file,
+    render_chart,
+    service_account_kubeconfig,
+)
+from tests.support.checks import TOKEN, clean, events_of, is_active, lumigo_yaml
+from tests.support.workloads import KINDS, init_container_names, workload
+
+NAMESPACE = "lumigo-system"
+RELEASE = "lumigo"  # Helm's names for this release are config/'s names
+FULLNAME = f"{RELEASE}-lumigo-operator"
+DEPLOYMENT = f"{FULLNAME}-controller-manager"
+HOOK_SA = f"{FULLNAME}-uninstall-hook"
+CERT_SECRET = f"{FULLNAME}-lumigo-injector-webhook-certs"
+PROXY_SECRET = f"{FULLNAME}-telemetry-proxy-config"
+BUNDLE_MANIFESTS = ROOT / "bundle" / "manifests"
+JSON = dict[str, Any]
+
+MANAGER, HOOK = "manager", "uninstall hook"
+# (identity, verb, group, resource): why it is granted although the scenario never uses it.
+ALLOWED_UNUSED: dict[tuple[str, str, str, str], str] = {
+    (MANAGER, "get", "operator.lumigo.io", "lumigoes"): (
+        "re-read of a Lumigo when its status write meets a 409 Conflict "
+        "(KubeClient.update_with_retry); needs a concurrent writer at that instant"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request as the API server's audit log records it."""
+
+    verb: str
+    group: str
+    resource: str  # "lumigoes/status" for a subresource
+    name: str  # "" for a create or a list/watch without a metadata.name selector
+    namespace: str  # "" for cluster-scoped objects and all-namespace lists
+    code: int
+
+    def __str__(self) -> str:
+        where = f" -n {self.namespace}" if self.namespace else ""
+        name = f"/{self.name}" if self.name else ""
+        return f"{self.verb} {self.group or 'core'}/{self.resource}{name}{where} -> {self.code}"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One verb on one resource (and name) that a role gives a ServiceAccount."""
+
+    verb: str
+    group: str
+    resource: str
+    name: str | None  # None: any name
+    namespace: str | None  # None: every namespace (a ClusterRoleBinding)
+    source: str
+
+    def allows(self, access: Access) -> bool:
+        return (
+            (self.verb, self.group, self.resource) == (access.verb, access.group, access.resource)
+            and self.name in (None, access.name)
+            and self.namespace in (None, access.namespace)
+        )
+
+    @property
+    def narrowness(self) -> tuple[bool, bool]:
+        return (self.name is not None, self.namespace is not None)
+
+    def __str__(self) -> str:
+        named = f"/{self.name}" if self.name else ""
+        return f"{self.verb} {self.group or 'core'}/{self.resource}{named} ({self.source})"
+
+
+def expand(rules: list[JSON], namespace: str | None, source: str) -> list[Grant]:
+    return [
+        Grant(verb, group, resource, name, namespace, source)
+        for rule in rules
+        for verb in rule["verbs"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for name in rule.get("resourceNames") or [None]
+    ]
+
+
+def grants_from_manifests(docs: list[JSON], sa: str) -> list[Grant]:
+    """What the (Cluster)RoleBindings among `docs` give system:serviceaccount:<ns>:<sa>."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    grants: list[Grant] = []
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if not any(
+            s["kind"] == "ServiceAccount"
+            and s["name"] == sa
+            and s.get("namespace", NAMESPACE) == NAMESPACE
+            for s in binding["subjects"]
+        ):
+            continue
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], ref["name"])]
+        scope = None if binding["kind"] == "ClusterRoleBinding" else NAMESPACE
+        grants += expand(role["rules"], scope, f"{ref['kind']} {ref['name']}")
+    return grants
+
+
+def helm_docs() -> list[JSON]:
+    return load_docs(render_chart(RELEASE, NAMESPACE))
+
+
+def kustomize_docs(cluster: LocalCluster) -> list[JSON]:
+    return load_docs(cluster.kubectl("kustomize", str(ROOT / "config" / "default")))
+
+
+def csv_grants(sa: str) -> list[Grant]:
+    """The bundle's: CSV clusterPermissions (cluster-wide), CSV permissions and the namespaced
+    Roles shipped as bundle manifests (both in the install namespace)."""
+    docs = [d for path in sorted(BUNDLE_MANIFESTS.glob("*.yaml")) for d in load_file(path)]
+    (csv,) = [d for d in docs if d["kind"] == "ClusterServiceVersion"]
+    install = csv["spec"]["install"]["spec"]
+    grants: list[Grant] = []
+    for kind, scope in (("clusterPermissions", None), ("permissions", NAMESPACE)):
+        for entry in install.get(kind) or []:
+            if entry["serviceAccountName"] == sa:
+                grants += expand(entry["rules"], scope, f"CSV {kind}")
+    return grants + grants_from_manifests(docs, sa)
+
+
+# --- the recorded scenario ----------------------------------------------------------------
+
+
+@dataclass
+class Usage:
+    manager: list[Access]
+    hook: list[Access]
+
+
+def accesses(events: list[JSON], user: str) -> list[Access]:
+    found = set()
+    for event in events:
+        ref = event.get("objectRef")
+        if event["user"]["username"] != user or ref is None:
+            continue  # another identity, or a non-resource URL (discovery, /version)
+        resource = ref.get("resource", "")
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        code = int((event.get("responseStatus") or {}).get("code") or 0)
+        found.add(Access(
+            event["verb"], ref.get("apiGroup", ""), resource, ref.get("name", ""),
+            ref.get("namespace", ""), code,
+        ))  # fmt: skip
+    return sorted(found, key=str)
+
+
+@pytest.fixture(scope="module")
+def audited_cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(audit=True) as cluster:
+        yield cluster
+
+
+def proxy_config_text(kube: KubeClient) -> str:
+    secret = kube.get_or_none(SECRETS, PROXY_SECRET, NAMESPACE)
+    data = (secret or {}).get("data") or {}
+    return "".join(base64.b64decode(v).decode() for v in data.values())
+
+
+def instrumented(obj: JSON) -> bool:
+    """Injected by the installed operator (whatever its version), CronJobs included."""
+    label = (obj["metadata"].get("labels") or {}).get("lumigo.auto-trace", "")
+    return label.startswith("lumigo-operator.v") and "lumigo-injector" in init_container_names(obj)
+
+
+def warning_count(kube: KubeClient, namespace: str) -> int:
+    """The count of the operator's Warning event about `misconfigured` (0: none yet)."""
+    warnings = [e for e in events_of(kube, namespace, "misconfigured") if e["type"] == "Warning"]
+    return sum(int(e.get("count") or 1) for e in warnings) if len(warnings) == 1 else 0
+
+
+def all_instrumented(kube: KubeClient, namespace: str) -> bool:
+    return all(instrumented(kube.get(r, r.plural, namespace)) for r in KINDS if r is not JOBS)
+
+
+def start_lumigo(cluster: LocalCluster, kube: KubeClient, namespace: str) -> None:
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "lumigo-credentials"},
+        "stringData": {"token": TOKEN},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(secret))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, namespace), 60, f"the Lumigo of {namespace} Active")
+
+
+def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
+    kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
+    cluster.kubectl("apply", "-k", str(ROOT / "config" / "default"))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    # The pre-delete hook's own ServiceAccount and RBAC, as Helm creates them before the Job.
+    hook_rbac = [
+        d for d in helm_docs()
+        if d["metadata"]["name"] == HOOK_SA and d["kind"] != "Job"
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in hook_rbac))
+
+    with installed_operator(cluster, kube, NAMESPACE, DEPLOYMENT, workdir) as operator:
+        first, second = operator.new_namespace(), operator.new_namespace()
+        # Existing workloads of every kind: the controller instruments them (Jobs are
+        # immutable: an event instead).
+        for namespace in (first, second):
+            for resource in KINDS:
+                kube.create(resource, workload(resource, resource.plural), namespace)
+            start_lumigo(cluster, kube, namespace)
+            wait_until(partial(all_instrumented, kube, namespace), 60, "instrumented")
+            # One namespace at a time: the proxy's configuration Secret is created for the
+            # first, then updated for the second.
+            wait_until(lambda ns=namespace: ns in proxy_config_text(kube), 60, "proxy configured")
+        # New workloads go through the webhook (an injected Job stays labelled: the removal
+        # passes below meet it and report it).
+        assert instrumented(kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, "new"), first))
+        assert instrumented(kube.create(JOBS, workload(JOBS, "new-job"), second))
+
+        # A workload the webhook cannot instrument (opted in by label, with an invalid Secret
+        # name): a Warning event on its creation, the same event again on its next change, which
+        # the recorder aggregates (a PATCH of the event's count).
+        third = operator.new_namespace()
+        labels = {"lumigo.auto-trace": "true", "lumigo.token-secret": "Not_A_Secret_Name"}
+        kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, "misconfigured", labels), third)
+        wait_until(lambda: warning_count(kube, third) == 1, 30, "the Warning event")
+        kube.merge_patch(
+            DEPLOYMENTS, "misconfigured", {"metadata": {"annotations": {"x": "y"}}}, third
+        )
+        wait_until(lambda: warning_count(kube, third) == 2, 30, "the Warning event repeated")
+
+        # Deleting a Lumigo: the finalizer removes the instrumentation, then itself.
+        kube.delete(LUMIGOES, "lumigo", first)
+        wait_until(lambda: not kube.list(LUMIGOES, first)[0], 60, "the Lumigo of first gone")
+        for resource in KINDS:
+            if resource is not JOBS:
+                assert clean(kube.get(resource, resource.plural, first)), resource.plural
+
+        # The Helm pre-delete hook, operator gone: it deletes the second Lumigo, finalizes it
+        # itself after its timeout, and strips every labelled workload.
+        operator.stop()
+        kubeconfig = service_account_kubeconfig(
+            cluster, NAMESPACE, HOOK_SA, workdir / "hook.kubeconfig"
+        )
+        result = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "lumigo-operator"), "uninstall",
+             f"--kubeconfig={kubeconfig}", "--timeout=2s"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "finalized 1 here" in result.stdout, result.stdout
+        assert kube.list(LUMIGOES, second)[0] == []
+        for resource in KINDS:
+            if resource is not JOBS:
+                assert clean(kube.get(resource, resource.plural, second)), resource.plural
+
+
+@pytest.fixture(scope="module")
+def usage(audited_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Usage:
+    run_scenario(audited_cluster, tmp_path_factory.mktemp("rbac-audit"))
+    events = audited_cluster.audit_events()
+    return Usage(
+        manager=accesses(events, f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"),
+        hook=accesses(events, f"system:serviceaccount:{NAMESPACE}:{HOOK_SA}"),
+    )
+
+
+# --- the checks ---------------------------------------------------------------------------
+
+
+def unused(grants: list[Grant], used: list[Access], identity: str) -> list[str]:
+    """Grants that allowed none of the requests. A request allowed by several grants counts for
+    the narrowest (a named one over any name, one namespace over all): a cluster-wide `patch
+    deployments` is not needed because the proxy's Role lets the operator patch its Deployment.
+    """
+    needed: set[Grant] = set()
+    for access in used:
+        allowing = [g for g in grants if g.allows(access)]
+        if allowing:
+            narrowest = max(g.narrowness for g in allowing)
+            needed |= {g for g in allowing if g.narrowness == narrowest}
+    return sorted({
+        str(g) for g in grants
+        if g not in needed and (identity, g.verb, g.group, g.resource) not in ALLOWED_UNUSED
+    })  # fmt: skip
+
+
+def report(extra: list[str], used: list[Access]) -> str:
+    return "\n".join(["  " + e for e in extra] + ["requests made:"] + ["  " + str(a) for a in used])
+
+
+def self_cert_only(access: Access) -> bool:
+    """The OLM bundle runs --cert-mode=files: OLM owns the certificate and the webhooks."""
+    return access.resource == "mutatingwebhookconfigurations" or (
+        access.resource == "secrets" and access.name == CERT_SECRET
+    )
+
+
+def test_the_scenario_was_never_forbidden(usage: Usage) -> None:
+    """The kustomize RBAC the manager ran with, and Helm's hook RBAC, allowed everything."""
+    assert usage.manager, "no request of the operator's ServiceAccount was recorded"
+    assert usage.hook, "no request of the uninstall hook's ServiceAccount was recorded"
+    forbidden = [str(a) for a in usage.manager + usage.hook if a.code == 403]
+    assert forbidden == []
+
+
+@pytest.mark.parametrize("packaging", ["kustomize", "helm", "olm"])
+def test_the_manager_is_granted_exactly_what_it_uses(
+    usage: Usage, audited_cluster: LocalCluster, packaging: str
+) -> None:
+    if packaging == "olm":
+        grants = csv_grants(OPERATOR_SA)
+        needed = [a for a in usage.manager if not self_cert_only(a)]
+    else:
+        docs = kustomize_docs(audited_cluster) if packaging == "kustomize" else helm_docs()
+        grants = grants_from_manifests(docs, OPERATOR_SA)
+        needed = usage.manager
+    assert grants
+    denied = sorted({str(a) for a in needed if not any(g.allows(a) for g in grants)})
+    assert denied == [], f"{packaging} denies what the operator does"
+    extra = unused(grants, usage.manager, MANAGER)
+    assert not extra, f"{packaging} grants the operator more than it used:\n" + report(
+        extra, usage.manager
+    )
+
+
+def test_the_uninstall_hook_is_granted_exactly_what_it_uses(usage: Usage) -> None:
+    grants = grants_from_manifests(helm_docs(), HOOK_SA)
+    assert grants
+    extra = unused(grants, usage.hook, HOOK)
+    assert not extra, "the hook's RBAC grants more than `lumigo-operator uninstall` used:\n" + (
+        report(extra, usage.hook)
+    )
+
+
+def test_the_allow_list_is_not_stale() -> None:
+    """Each entry is still granted; otherwise remove it."""
+    for identity, verb, group, resource in ALLOWED_UNUSED:
+        sa = OPERATOR_SA if identity == MANAGER else HOOK_SA
+        grants = grants_from_manifests(helm_docs(), sa)
+        key = (verb, group, resource)
+        assert any((g.verb, g.group, g.resource) == key for g in grants), key
