@@ -5,10 +5,15 @@
   staged CA rotation) and every named webhook configuration's caBundle equal to the Secret's
   bundle. It runs on Secret / webhook-configuration events and at least every `resync`, and
   sleeps exactly until the next step is due. The Secret is written with PUT + resourceVersion;
-  a conflict means someone else wrote: re-read and decide again.
+  a conflict means someone else wrote: re-read and decide again. A deleted or corrupted Secret
+  is rebuilt by certs.recover from what is intact, the CAs the configurations trust and the
+  last good state seen (every replica's writer remembers it from events, so a new leader has
+  it too): the same staged overlap as a CA rotation, never a hard CA cutover.
 - `SelfSignedCerts` runs on every replica. It hot-swaps the served certificate from Secret
   events and is ready only when the served certificate is trusted by the Secret's bundle and
-  every named webhook configuration carries that bundle.
+  every named webhook configuration carries that bundle. It never swaps a served certificate
+  that the webhook configurations trust for one they do not trust (yet): that one waits until
+  they do, and a corrupted Secret is not loaded at all.
 
 `files` mode (OLM): OLM owns the certificate and the webhook configurations. `FileCerts` serves
 tls.crt/tls.key from the mounted directory, polls them for changes, and never writes anything.
@@ -26,12 +31,14 @@ Wiring (what the manager does):
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import datetime as dt
 import hashlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -83,6 +90,20 @@ def _bundle_mismatches(config: JSON, bundle_b64: str) -> list[str]:
     ]
 
 
+def _trusted_by_all(configs: Iterable[JSON]) -> tuple[x509.Certificate, ...]:
+    """The CAs that every webhook of every given configuration trusts (none: no configuration)."""
+    common: list[x509.Certificate] | None = None
+    for config in configs:
+        for webhook in config.get("webhooks") or []:
+            encoded = (webhook.get("clientConfig") or {}).get("caBundle") or ""
+            try:
+                bundle = certs.parse_bundle(base64.b64decode(encoded))
+            except ValueError:
+                bundle = ()
+            common = list(bundle) if common is None else [c for c in common if c in bundle]
+    return tuple(common or ())
+
+
 def _not_after(cert: x509.Certificate) -> str:
     return cert.not_valid_after_utc.isoformat()
 
@@ -127,19 +148,27 @@ class CertWriter:
         self._rotate_ca = threading.Event()
         self._thread: threading.Thread | None = None
         self._missing_logged: set[str] = set()
+        # The last valid Secret seen (events on every replica, reads on the leader): what the
+        # replicas serve, kept to recover from a deleted or corrupted Secret without a cutover.
+        self._last_good: certs.CertState | None = None
         self.last_error = ""
         self.passes = 0
 
     # -- events (EventHandler) ----------------------------------------------------------------
     def on_add(self, obj: JSON) -> None:
-        if self._is_ours(obj):
-            self.trigger()
+        if not self._is_ours(obj):
+            return
+        if obj.get("kind") == "Secret":
+            with contextlib.suppress(certs.CorruptSecret):
+                self._last_good = certs.decode(obj.get("data"))
+        self.trigger()
 
     def on_update(self, old: JSON, new: JSON) -> None:
         self.on_add(new)
 
     def on_delete(self, obj: JSON) -> None:
-        self.on_add(obj)
+        if self._is_ours(obj):
+            self.trigger()
 
     def trigger(self) -> None:
         self._wake.set()
@@ -200,47 +229,34 @@ class CertWriter:
         now = self._clock()
         ns = self.policy.namespace
         secret = self.kube.get_or_none(SECRETS, self.secret_name, ns)
-        current: certs.CertState | None = None
-        if secret is not None:
-            try:
-                current = certs.decode(secret.get("data"))
-            except certs.CorruptSecret as err:
-                log.warning(
-                    "the webhook certificate Secret is unusable; issuing a new CA and certificate",
-                    extra={"secret": f"{ns}/{self.secret_name}", "reason": str(err)},
-                )
         configs = [(r, n, self.kube.get_or_none(r, n)) for r, n in self._configs]
-        published_at: dt.datetime | None = None
+        try:
+            if secret is None:
+                raise certs.CorruptSecret("it does not exist")
+            current = certs.decode(secret.get("data"))
+        except certs.CorruptSecret as err:
+            self._recover(secret, configs, str(err), now)
+            return None
+        self._last_good = current
+        annotations = secret.get("metadata", {}).get("annotations") or {}
+        marker = annotations.get(certs.PUBLISHED_ANNOTATION)
+        published_at = certs.parse_published(marker, current.bundle_id)
         newly_published = False
-        if current is not None:
-            annotations = (secret or {}).get("metadata", {}).get("annotations") or {}
-            marker = annotations.get(certs.PUBLISHED_ANNOTATION)
-            published_at = certs.parse_published(marker, current.bundle_id)
-            bundle_b64 = base64.b64encode(current.bundle_pem).decode()
-            everywhere = all(
-                obj is not None and not _bundle_mismatches(obj, bundle_b64) for _, _, obj in configs
-            )
-            if published_at is None and everywhere:
-                published_at, newly_published = now, True
-        rotate = self._rotate_ca.is_set() and current is not None
+        bundle_b64 = base64.b64encode(current.bundle_pem).decode()
+        everywhere = all(
+            obj is not None and not _bundle_mismatches(obj, bundle_b64) for _, _, obj in configs
+        )
+        if published_at is None and everywhere:
+            published_at, newly_published = now, True
+        rotate = self._rotate_ca.is_set()
         plan = certs.plan(current, published_at, self.policy, now, rotate_ca=rotate)
         if plan.changes or newly_published:
-            same_bundle = current is not None and plan.state.bundle_id == current.bundle_id
+            same_bundle = plan.state.bundle_id == current.bundle_id
             if not self._write_secret(secret, plan.state, published_at if same_bundle else None):
                 return None
             if rotate:
                 self._rotate_ca.clear()
-            if plan.changes:
-                log.info(
-                    "webhook certificates updated",
-                    extra={
-                        "changes": list(plan.changes),
-                        "bundle_id": plan.state.bundle_id,
-                        "bundle_size": len(plan.state.bundle),
-                        "serving_not_after": _not_after(plan.state.serving.cert),
-                        "ca_not_after": _not_after(plan.state.ca.cert),
-                    },
-                )
+            self._written(plan)
             return None
         bundle_b64 = base64.b64encode(plan.state.bundle_pem).decode()
         patched = False
@@ -256,6 +272,42 @@ class CertWriter:
             self._missing_logged.discard(name)
             patched |= self._patch_bundle(resource, name, obj, bundle_b64)
         return None if patched else plan.next_check
+
+    def _recover(
+        self,
+        secret: JSON | None,
+        configs: Sequence[tuple[Resource, str, JSON | None]],
+        problem: str,
+        now: dt.datetime,
+    ) -> None:
+        """Rebuild a deleted or unusable Secret so that what is served stays trusted."""
+        trusted = _trusted_by_all(obj for _, _, obj in configs if obj is not None)
+        salvaged = certs.salvage((secret or {}).get("data"))
+        plan = certs.recover(salvaged, self._last_good, trusted, self.policy, now)
+        if plan.changes != ("bootstrap",):
+            log.warning(
+                "the webhook certificate Secret is unusable; rebuilding it without a CA cutover",
+                extra={
+                    "secret": f"{self.policy.namespace}/{self.secret_name}",
+                    "reason": problem,
+                },
+            )
+        if self._write_secret(secret, plan.state, None):
+            self._written(plan)
+
+    def _written(self, plan: certs.Plan) -> None:
+        self._last_good = plan.state
+        if plan.changes:
+            log.info(
+                "webhook certificates updated",
+                extra={
+                    "changes": list(plan.changes),
+                    "bundle_id": plan.state.bundle_id,
+                    "bundle_size": len(plan.state.bundle),
+                    "serving_not_after": _not_after(plan.state.serving.cert),
+                    "ca_not_after": _not_after(plan.state.ca.cert),
+                },
+            )
 
     def _write_secret(
         self, secret: JSON | None, state: certs.CertState, published_at: dt.datetime | None
@@ -313,6 +365,17 @@ class CertWriter:
         return True
 
 
+@dataclass
+class _Pending:
+    """The Secret's serving pair and bundle, not yet served."""
+
+    cert_pem: bytes
+    key_pem: bytes = field(repr=False)
+    bundle_pem: bytes
+    bundle: tuple[x509.Certificate, ...]
+    held: bool = False  # logged as waiting for the webhook configurations to trust it
+
+
 class SelfSignedCerts:
     """Every replica: serve the Secret's certificate (hot-swapped) and report readiness."""
 
@@ -339,6 +402,8 @@ class SelfSignedCerts:
         self._bundle: tuple[x509.Certificate, ...] = ()
         self._bundle_b64 = ""
         self._secret_problem = "the certificate Secret has not been seen yet"
+        self._load_lock = threading.Lock()  # informer threads: Secret vs webhook configurations
+        self._pending: _Pending | None = None  # the Secret's pair, until it is served
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -369,6 +434,7 @@ class SelfSignedCerts:
         else:
             with self._lock:
                 self._seen[(kind, name)] = obj
+            self._load_pending()  # the configurations may trust a held-back certificate now
 
     def on_update(self, old: JSON, new: JSON) -> None:
         self.on_add(new)
@@ -378,39 +444,91 @@ class SelfSignedCerts:
             return
         kind, _, name = _identity(obj)
         if kind == "Secret":
-            # Keep serving what we have: the leader re-creates the Secret from scratch.
+            # Keep serving what we have: the leader rebuilds the Secret (certs.recover).
             log.warning("the webhook certificate Secret was deleted; still serving the last one")
             return
         with self._lock:
             self._seen.pop((kind, name), None)
+        self._load_pending()
 
     def _load_secret(self, secret: JSON) -> None:
         data = secret.get("data")
         try:
-            cert_pem = certs.decode_field(data, certs.TLS_CERT)
-            key_pem = certs.decode_field(data, certs.TLS_KEY)
             bundle_pem = certs.decode_field(data, certs.CA_BUNDLE)
-            bundle = certs.parse_bundle(bundle_pem)
-            if not bundle:
-                raise certs.CorruptSecret(f"{certs.CA_BUNDLE} holds no valid certificate")
-            self.tls.load_pem(cert_pem, key_pem)
-        except (certs.CorruptSecret, InvalidKeyPair) as err:
-            self._secret_problem = f"the certificate Secret cannot be served: {err}"
-            log.warning(
-                "not loading the webhook certificate Secret; still serving the last good one",
-                extra={"reason": str(err)},
+            pending = _Pending(
+                certs.decode_field(data, certs.TLS_CERT),
+                certs.decode_field(data, certs.TLS_KEY),
+                bundle_pem,
+                certs.parse_bundle(bundle_pem),
             )
+            if not pending.bundle:
+                raise certs.CorruptSecret(f"{certs.CA_BUNDLE} holds no valid certificate")
+        except certs.CorruptSecret as err:
+            self._not_loaded(err)
             return
-        with self._lock:
-            self._bundle = bundle
-            self._bundle_b64 = base64.b64encode(bundle_pem).decode()
-            self._secret_problem = ""
+        with self._load_lock:
+            self._pending = pending
+        self._load_pending()
+
+    def _not_loaded(self, err: Exception) -> None:
+        self._secret_problem = f"the certificate Secret cannot be served: {err}"
+        log.warning(
+            "not loading the webhook certificate Secret; still serving the last good one",
+            extra={"reason": str(err)},
+        )
+
+    def _load_pending(self) -> None:
+        """Serve the Secret's latest pair unless it would swap a trusted certificate for one the
+        webhook configurations do not trust (yet): then it waits for their next change."""
+        with self._load_lock:
+            pending = self._pending
+            if pending is None:
+                return
+            if self._untrusted_switch(pending.cert_pem):
+                if not pending.held:
+                    pending.held = True
+                    log.info(
+                        "holding a new serving certificate until the webhook configurations "
+                        "trust it; still serving the last good one"
+                    )
+                return
+            self._pending = None
+            try:
+                self.tls.load_pem(pending.cert_pem, pending.key_pem)
+            except InvalidKeyPair as err:
+                self._not_loaded(err)
+                return
+            bundle = pending.bundle
+            with self._lock:
+                self._bundle = bundle
+                self._bundle_b64 = base64.b64encode(pending.bundle_pem).decode()
+                self._secret_problem = ""
         loaded = self.tls.loaded
         issuer = next(
             (c for c in bundle if loaded and certs.issued_by(loaded.certificate, c)), None
         )
         if issuer is not None:
             CERTIFICATE_EXPIRY.labels("ca").set(issuer.not_valid_after_utc.timestamp())
+
+    def _untrusted_switch(self, cert_pem: bytes) -> bool:
+        """Whether serving `cert_pem` would replace a certificate the webhook configurations
+        trust with one they do not (nothing served, none seen, or bad PEM: no reason to wait)."""
+        loaded = self.tls.loaded
+        with self._lock:
+            seen = [self._seen.get((r.kind, n)) for r, n in self._configs]
+        configs = [c for c in seen if c is not None]
+        if loaded is None or not configs:
+            return False
+        try:
+            cert = x509.load_pem_x509_certificate(cert_pem)
+        except ValueError:
+            return False  # load_pem reports it
+        if cert == loaded.certificate:
+            return False
+        trusted, now = _trusted_by_all(configs), self._clock()
+        return certs.trusted_for(
+            loaded.certificate, trusted, self.policy, now
+        ) and not certs.trusted_for(cert, trusted, self.policy, now)
 
     # -- readiness ----------------------------------------------------------------------------
     def ready(self) -> None:

@@ -13,6 +13,10 @@ only way to change a CA without failed calls is in stages (machinery.md §6):
 A serving certificate nearing its end (invalid at now + serving_lookahead) is re-issued under
 the same CA: the bundle does not change, so that renewal is hitless by construction.
 
+A deleted or corrupted Secret is recovered through the same stages (`recover()`): an intact CA
+is reused (only the serving pair is re-issued: hitless), otherwise a new CA joins the CAs the
+webhook configurations trust now while the last good serving pair stays, exactly stage 2.
+
 `plan()` decides which step is due; the caller (cert_manager) writes the result and tells it when
 the current bundle was published. The clock is a parameter, so tests run years in milliseconds.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime as dt
 import hashlib
 import ipaddress
@@ -266,8 +271,18 @@ def verify_serving(
 def serving_valid_at(
     state: CertState, policy: CertPolicy, at: dt.datetime, trusted: Sequence[x509.Certificate]
 ) -> bool:
+    return trusted_for(state.serving.cert, trusted, policy, at)
+
+
+def trusted_for(
+    cert: x509.Certificate,
+    trusted: Sequence[x509.Certificate],
+    policy: CertPolicy,
+    at: dt.datetime,
+) -> bool:
+    """Whether a client trusting `trusted` accepts `cert` for every name of the policy."""
     try:
-        verify_serving(state.serving.cert, trusted, policy.subject_alt_names, at)
+        verify_serving(cert, trusted, policy.subject_alt_names, at)
     except VerificationError:
         return False
     return True
@@ -316,7 +331,7 @@ def plan(
     elif not serving_valid_at(state, policy, now + policy.serving_lookahead, [state.ca.cert]):
         state = replace(state, serving=issue_serving(state.ca, policy, now))
         changes.append("serving-certificate-renewed")
-    kept = tuple(c for c in state.bundle if not _retired(c, state, policy, now))
+    kept = tuple(c for c in state.bundle if not _retired(c, state, published_at, policy, now))
     if len(kept) != len(state.bundle):
         state = replace(state, bundle=kept)
         changes.append("old-ca-dropped")
@@ -325,9 +340,16 @@ def plan(
     return Plan(state, tuple(changes), _next_check(state, published_at, policy, now))
 
 
-def _retired(ca: x509.Certificate, state: CertState, policy: CertPolicy, now: dt.datetime) -> bool:
-    """An old CA nobody needs: expired, or no longer the issuer for `grace` (every replica and
-    the API server have moved on)."""
+def _retired(
+    ca: x509.Certificate,
+    state: CertState,
+    published_at: dt.datetime | None,
+    policy: CertPolicy,
+    now: dt.datetime,
+) -> bool:
+    """An old CA nobody needs: expired, or no longer the issuer for `grace` and the bundle that
+    trusts the new issuer published for `grace` (every replica and the API server have moved on;
+    after a recovery without the last good pair, replicas move only once it is published)."""
     if ca == state.ca.cert or issued_by(state.serving.cert, ca):
         return False
     if ca.not_valid_after_utc <= now:
@@ -335,6 +357,8 @@ def _retired(ca: x509.Certificate, state: CertState, policy: CertPolicy, now: dt
     return (
         issued_by(state.serving.cert, state.ca.cert)
         and now >= serving_issued_at(state, policy) + policy.grace
+        and published_at is not None
+        and now >= published_at + policy.grace
     )
 
 
@@ -349,8 +373,70 @@ def _next_check(
         due.append((published_at or now) + policy.grace)
     for ca in state.bundle:
         if ca != state.ca.cert:
-            due += [ca.not_valid_after_utc, serving_issued_at(state, policy) + policy.grace]
+            due += [
+                ca.not_valid_after_utc,
+                max(serving_issued_at(state, policy), published_at or now) + policy.grace,
+            ]
     return max(now, min(due))
+
+
+# --- recovery from a deleted or corrupted Secret ---------------------------------------------
+@dataclass(frozen=True)
+class Salvage:
+    """What is still usable in a broken (or deleted: all empty) Secret."""
+
+    ca: KeyPair | None = None
+    serving: KeyPair | None = None
+
+
+def salvage(data: Mapping[str, str] | None) -> Salvage:
+    """The CA pair and the serving pair of a Secret that `decode` rejects, each if intact."""
+    ca: KeyPair | None = None
+    serving: KeyPair | None = None
+    with contextlib.suppress(CorruptSecret):
+        ca = _key_pair(data, CA_CERT, CA_KEY)
+    with contextlib.suppress(CorruptSecret):
+        serving = _key_pair(data, TLS_CERT, TLS_KEY)
+    return Salvage(ca if ca is not None and _is_ca(ca.cert) else None, serving)
+
+
+def recover(
+    salvaged: Salvage,
+    last_good: CertState | None,
+    trusted: Sequence[x509.Certificate],
+    policy: CertPolicy,
+    now: dt.datetime,
+) -> Plan:
+    """What to write when the Secret is deleted or unusable, without a failed admission.
+
+    `trusted`: the CAs every webhook configuration trusts now; `last_good`: the last state this
+    process read from the Secret (what the replicas are serving). The CA is the Secret's own if
+    intact, else a new one (never one only kept in memory: deleting the Secret is how an admin
+    asks for new keys). The bundle keeps the trusted CAs next to it, and when the CA is not yet
+    trusted the serving pair stays the last good one, so `plan` moves it to the new CA only once
+    the new bundle is published, like a CA rotation. With no trusted pair at hand, a new one is
+    issued (replicas keep serving their last good pair until the API server trusts it).
+    """
+    live = [c for c in trusted if c.not_valid_after_utc > now and _is_ca(c)]
+    if salvaged.ca is None and last_good is None and not live:
+        return plan(None, None, policy, now)
+    changes = ["secret-recovered"]
+    ca = salvaged.ca
+    if ca is None or ca.cert.not_valid_after_utc <= now:
+        ca, changes = generate_ca(policy, now), [*changes, "new-ca"]
+    bundle = tuple(dict.fromkeys([*live, ca.cert]))
+    candidates = [salvaged.serving]
+    if ca.cert not in live:  # a fresh serving pair would not be trusted yet: keep the served one
+        candidates.append(last_good.serving if last_good else None)
+    anchor = live or bundle  # what the API server trusts (nothing: no configuration yet)
+    serving = next(
+        (p for p in candidates if p is not None and trusted_for(p.cert, anchor, policy, now)), None
+    )
+    if serving is None:
+        serving = issue_serving(ca, policy, now)
+        changes.append("serving-certificate-reissued")
+    step = plan(CertState(ca, serving, bundle), None, policy, now)
+    return replace(step, changes=(*changes, *step.changes))
 
 
 # --- the Secret ------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Self-mode certificates on a real API server: Secret, caBundle, readiness, re-bootstrap,
-concurrent writers and a staged CA rotation."""
+"""Self-mode certificates on a real API server: Secret, caBundle, readiness, concurrent writers
+and a staged CA rotation (a deleted or corrupted Secret: test_webhook_cert_recovery.py)."""
 
 from __future__ import annotations
 
@@ -102,36 +102,6 @@ def test_readiness_follows_the_bundles_in_the_webhook_configurations(
         assert "does not match" in stack.why_not_ready()
         stack.writer.start()  # the leader puts it back
         stack.wait_ready()
-
-
-def test_a_corrupt_or_emptied_secret_is_bootstrapped_again(
-    kube: KubeClient, namespace: str
-) -> None:
-    name = unique_name("certs-corrupt")
-    with (
-        registered(kube, mutating_configuration(name, namespace, URL)),
-        cert_stack(kube, policy(namespace), [name]) as stack,
-    ):
-        stack.wait_ready()
-        garbage = base64.b64encode(b"garbage").decode()
-        # (a kubernetes.io/tls Secret must keep both keys, even empty)
-        for bad_data in ({"tls.crt": garbage, "tls.key": garbage}, {"tls.crt": "", "tls.key": ""}):
-            before = stack.state()
-            secret = kube.get(SECRETS, SECRET, namespace)
-            secret["data"] = bad_data
-            kube.replace(SECRETS, secret, namespace)
-
-            def replaced(before: certs.CertState = before) -> bool:
-                try:
-                    return stack.state().ca.cert != before.ca.cert
-                except certs.CorruptSecret:
-                    return False
-
-            wait_until(replaced, 30, "a new CA after the Secret was broken")
-            stack.wait_ready()
-            loaded = stack.tls.loaded
-            assert loaded is not None
-            assert loaded.certificate == stack.state().serving.cert
 
 
 def test_concurrent_writers_settle_on_one_state(kube: KubeClient, namespace: str) -> None:

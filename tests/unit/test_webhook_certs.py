@@ -278,3 +278,110 @@ def test_parse_duration() -> None:
     for bad in ("", "10", "5x", "d"):
         with pytest.raises(ValueError, match="invalid duration"):
             certs.parse_duration(bad)
+
+
+# --- recovery from a deleted or corrupted Secret -----------------------------------------------
+GARBAGE = _b64(b"garbage")
+
+
+def _deleted(data: dict[str, str]) -> dict[str, str] | None:
+    return None
+
+
+def _garbage_serving_pair(data: dict[str, str]) -> dict[str, str] | None:
+    return {**data, "tls.crt": GARBAGE, "tls.key": GARBAGE}
+
+
+def _serving_pair_only(data: dict[str, str]) -> dict[str, str] | None:
+    return {"tls.crt": data["tls.crt"], "tls.key": data["tls.key"]}
+
+
+def _garbage_ca_key(data: dict[str, str]) -> dict[str, str] | None:
+    return {**data, "ca.key": GARBAGE}
+
+
+def _emptied(data: dict[str, str]) -> dict[str, str] | None:
+    return {"tls.crt": "", "tls.key": ""}
+
+
+def test_recovery_reuses_an_intact_ca_without_a_bundle_change() -> None:
+    state = certs.bootstrap(POLICY, T0)
+    broken = _garbage_serving_pair(certs.encode(state))
+    step = certs.recover(certs.salvage(broken), state, state.bundle, POLICY, T0 + S)
+    assert step.changes == ("secret-recovered", "serving-certificate-reissued")
+    assert step.state.ca.cert == state.ca.cert
+    assert step.state.bundle_id == state.bundle_id  # hitless: the API server trusts it already
+    assert step.state.serving != state.serving
+    assert trusted(step.state, T0 + S, state.bundle)
+
+
+def test_recovery_without_a_ca_stages_a_new_one_behind_the_trusted_one() -> None:
+    state = certs.bootstrap(POLICY, T0)
+    step = certs.recover(certs.salvage(None), state, state.bundle, POLICY, T0 + S)
+    assert step.changes == ("secret-recovered", "new-ca")
+    recovered = step.state
+    assert recovered.ca.cert != state.ca.cert
+    assert recovered.bundle == (state.ca.cert, recovered.ca.cert)
+    assert recovered.serving == state.serving  # the last good pair stays until published
+    # From here on it is a CA rotation's stage 2: nothing moves before publication + grace.
+    assert certs.plan(recovered, None, POLICY, T0 + 10 * S).changes == ()
+    moved = certs.plan(recovered, T0 + 2 * S, POLICY, T0 + 2 * S + POLICY.grace)
+    assert moved.changes == ("serving-certificate-moved-to-new-ca",)
+
+
+def test_recovery_without_a_last_good_pair_issues_under_the_new_ca_but_keeps_the_old_ca() -> None:
+    """A leader that never saw a valid Secret: the replicas hold their pair until it is trusted."""
+    state = certs.bootstrap(POLICY, T0)
+    step = certs.recover(certs.salvage(None), None, state.bundle, POLICY, T0 + S)
+    recovered = step.state
+    assert recovered.bundle == (state.ca.cert, recovered.ca.cert)
+    assert certs.issued_by(recovered.serving.cert, recovered.ca.cert)
+    assert not trusted(recovered, T0 + S, state.bundle)
+    # The old CA stays until [old, new] has been published for `grace`: replicas move only then.
+    assert certs.plan(recovered, None, POLICY, T0 + 15 * S).changes == ()
+    published = T0 + 3 * S
+    assert certs.plan(recovered, published, POLICY, published + POLICY.grace - S).changes == ()
+    dropped = certs.plan(recovered, published, POLICY, published + POLICY.grace)
+    assert dropped.changes == ("old-ca-dropped",)
+
+
+def test_recovery_with_nothing_to_keep_is_a_bootstrap() -> None:
+    step = certs.recover(certs.salvage(None), None, (), POLICY, T0)
+    assert step.changes == ("bootstrap",)
+
+
+def test_recovery_ignores_an_expired_or_foreign_trusted_certificate() -> None:
+    state = certs.bootstrap(POLICY, T0)
+    expired = certs.generate_ca(POLICY, T0 - 200 * S).cert
+    step = certs.recover(certs.salvage(None), state, (expired, *state.bundle), POLICY, T0 + S)
+    assert expired not in step.state.bundle
+    assert step.state.serving == state.serving
+
+
+@pytest.mark.parametrize(
+    "break_secret",
+    [_deleted, _garbage_serving_pair, _serving_pair_only, _garbage_ca_key, _emptied],
+)
+def test_a_broken_secret_never_leaves_the_served_certificate_untrusted(break_secret) -> None:  # type: ignore[no-untyped-def]
+    """The writer recovers, an API server sees each bundle one step late, and a replica switches
+    only to a certificate that bundle trusts (SelfSignedCerts' rule). At every step the served
+    certificate must be trusted, and it ends on a single new CA or the reused one."""
+    state = certs.bootstrap(POLICY, T0)
+    apiserver, served, now = state.bundle, state.serving.cert, T0 + S
+    step = certs.recover(
+        certs.salvage(break_secret(certs.encode(state))), state, apiserver, POLICY, now
+    )
+    state, published = step.state, None
+    for _ in range(20):
+        now += S
+        if certs.trusted_for(state.serving.cert, apiserver, POLICY, now):
+            served = state.serving.cert
+        assert certs.trusted_for(served, apiserver, POLICY, now), f"untrusted at {now}"
+        if apiserver != state.bundle:
+            apiserver, published = state.bundle, now
+        step = certs.plan(state, published, POLICY, now)
+        if step.state.bundle != state.bundle:
+            published = None
+        state = step.state
+    assert state.bundle == (state.ca.cert,)
+    assert served == state.serving.cert
