@@ -3,9 +3,19 @@
  * $TARGET_DIRECTORY (the emptyDir the app containers mount read-only at /opt/lumigo).
  *
  * Why a program and not `cp -a`: the final image is FROM scratch (no shell, no coreutils), so this
- * is linked statically (musl-gcc -static). It copies regular files (keeping the permission bits,
- * minus set-id bits), directories and symbolic links; it overwrites what a previous run of the same
- * init container left behind, and it exits non-zero with a message naming the path on any error.
+ * is linked statically (musl-gcc -static). It copies regular files, directories and symbolic
+ * links, and exits non-zero with a message naming the path on any error.
+ *
+ * It runs as the non-root UID/GID the webhook sets (the pod's fsGroup, else 1234), with no
+ * capabilities, and the application containers run as yet another UID. So:
+ * - the target directory itself is the volume's root, which the kubelet creates owned by root
+ *   (0777, or root:<fsGroup> 2777 with an fsGroup): it is used as it is, never chmod'ed (only its
+ *   owner or CAP_FOWNER could);
+ * - what it creates gets modes any UID can use, whatever the image's or the source's modes and
+ *   the container's umask: directories 0755, files 0644, or 0755 when executable by anyone;
+ * - a restarted init container (the emptyDir survives a pod restart) runs over its own leftovers:
+ *   files and links are replaced (unlinked first, so a leftover's mode never matters), directories
+ *   it owns are reused.
  *
  * Usage: lumigo-copy [SOURCE]     (TARGET_DIRECTORY must be set)
  */
@@ -20,6 +30,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#define DIR_MODE 0755
+#define FILE_MODE 0644
+#define EXEC_MODE 0755
+
 static unsigned long files_copied, bytes_copied;
 
 static int fail(const char *what, const char *path) {
@@ -27,10 +41,18 @@ static int fail(const char *what, const char *path) {
     return -1;
 }
 
-static int copy_file(const char *src, const char *dst, mode_t mode) {
+/* Remove a leftover of a previous run at path (a file or a link), if any. */
+static int remove_leftover(const char *path) {
+    if (unlink(path) == 0 || errno == ENOENT) return 0;
+    return fail("cannot replace", path);
+}
+
+static int copy_file(const char *src, const char *dst, mode_t src_mode) {
+    mode_t mode = (src_mode & 0111) ? EXEC_MODE : FILE_MODE;
+    if (remove_leftover(dst) != 0) return -1;
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0) return fail("cannot open", src);
-    int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 0777);
+    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (out < 0) {
         close(in);
         return fail("cannot create", dst);
@@ -56,7 +78,6 @@ static int copy_file(const char *src, const char *dst, mode_t mode) {
         if (rc) break;
         bytes_copied += (unsigned long)n;
     }
-    if (rc == 0 && fchmod(out, mode & 0777) != 0) rc = fail("cannot chmod", dst);
     if (close(out) != 0 && rc == 0) rc = fail("cannot close", dst);
     close(in);
     files_copied += rc == 0;
@@ -68,10 +89,24 @@ static int copy_link(const char *src, const char *dst) {
     ssize_t n = readlink(src, target, sizeof target - 1);
     if (n < 0) return fail("cannot read link", src);
     target[n] = 0;
-    if (symlink(target, dst) != 0) {
-        if (errno != EEXIST || unlink(dst) != 0 || symlink(target, dst) != 0)
-            return fail("cannot create link", dst);
+    if (remove_leftover(dst) != 0) return -1;
+    if (symlink(target, dst) != 0) return fail("cannot create link", dst);
+    return 0;
+}
+
+/* A directory at path, DIR_MODE if this process owns it; a directory owned by someone else (the
+ * volume's root) is used as it is. */
+static int make_dir(const char *path) {
+    if (mkdir(path, DIR_MODE) == 0) return 0;
+    if (errno != EEXIST) return fail("cannot create directory", path);
+    struct stat st;
+    if (lstat(path, &st) != 0) return fail("cannot stat", path);
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return fail("cannot create directory", path);
     }
+    if (st.st_uid == geteuid() && (st.st_mode & 0777) != DIR_MODE && chmod(path, DIR_MODE) != 0)
+        return fail("cannot chmod", path);
     return 0;
 }
 
@@ -81,7 +116,7 @@ static int copy_tree(const char *src, const char *dst) {
     if (S_ISLNK(st.st_mode)) return copy_link(src, dst);
     if (S_ISREG(st.st_mode)) return copy_file(src, dst, st.st_mode);
     if (!S_ISDIR(st.st_mode)) return 0; /* no devices, sockets or fifos in a payload */
-    if (mkdir(dst, 0755) != 0 && errno != EEXIST) return fail("cannot create directory", dst);
+    if (make_dir(dst) != 0) return -1;
     DIR *dir = opendir(src);
     if (!dir) return fail("cannot open directory", src);
     struct dirent *entry;
@@ -98,7 +133,6 @@ static int copy_tree(const char *src, const char *dst) {
         rc = copy_tree(s, d);
     }
     closedir(dir);
-    if (rc == 0 && chmod(dst, st.st_mode & 0777) != 0) rc = fail("cannot chmod", dst);
     return rc;
 }
 
@@ -109,6 +143,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "lumigo-copy: TARGET_DIRECTORY is not set\n");
         return 2;
     }
+    umask(022); /* the modes above are exact whatever umask the container runtime gave us */
     if (copy_tree(src, dst) != 0) return 1;
     printf("lumigo-copy: copied %lu files (%lu bytes) from %s to %s\n", files_copied, bytes_copied,
            src, dst);

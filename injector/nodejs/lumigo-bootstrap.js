@@ -7,15 +7,50 @@
  * and tracing must never break the application. Here an unsupported Node.js version or any error
  * while loading the distro only means "not traced". Written in ES5 so that every Node.js version
  * parses it.
+ *
+ * All tracer traffic goes to LUMIGO_ENDPOINT / LUMIGO_LOGS_ENDPOINT (the telemetry proxy): the
+ * distro's dependency report, which only ever goes straight to Lumigo's public endpoint, is off
+ * unless the user sets LUMIGO_REPORT_DEPENDENCIES. And a failed export (proxy down) is one line
+ * on stderr, never a stack trace in the application's output (unless LUMIGO_DEBUG=true).
  */
 'use strict';
 
 var SUPPORTED_MAJORS = { min: 20, max: 24 }; // engines of @lumigo/opentelemetry (package.json)
+// The distro posts a dependency report to a fixed public URL (not LUMIGO_ENDPOINT) unless this is
+// "false"; a pod usually cannot reach it, and the report would bypass the proxy if it could.
+var REPORT_DEPENDENCIES = 'LUMIGO_REPORT_DEPENDENCIES';
+
+function flag(name) {
+  var value = String(process.env[name] || '').toLowerCase();
+  return value === 'true' || value === '1';
+}
 
 function debug(message) {
-  var flag = String(process.env.LUMIGO_INJECTOR_DEBUG || '').toLowerCase();
-  if (flag === 'true' || flag === '1') {
+  if (flag('LUMIGO_INJECTOR_DEBUG')) {
     process.stderr.write('lumigo-injector: node: ' + message + '\n');
+  }
+}
+
+/*
+ * OpenTelemetry reports a failed export to its global error handler, whose default prints the
+ * error with its stack, as JSON, for every batch. Ours prints its message on one line, once per
+ * distinct message. Set on the @opentelemetry/core that the distro's SDK and exporters use (the
+ * one next to it in node_modules); an application's own copy is not touched.
+ */
+function quietExportErrors() {
+  var seen = {};
+  try {
+    require('@opentelemetry/core').setGlobalErrorHandler(function (error) {
+      var text = error && error.message ? error.message : String(error);
+      if (Object.prototype.hasOwnProperty.call(seen, text)) return;
+      seen[text] = true;
+      process.stderr.write(
+        'lumigo-injector: node: telemetry export failed: ' + text +
+          ' (repeats are not printed; LUMIGO_DEBUG=true prints all)\n'
+      );
+    });
+  } catch (error) {
+    debug('export errors keep their default handler: ' + (error && error.message));
   }
 }
 
@@ -30,7 +65,16 @@ function debug(message) {
       debug('LUMIGO_TRACER_TOKEN is not set; not tracing');
       return;
     }
-    require('@lumigo/opentelemetry');
+    // Set only while the distro initialises (synchronously, in require), so the application and
+    // its child processes see their environment unchanged.
+    var defaulted = !Object.prototype.hasOwnProperty.call(process.env, REPORT_DEPENDENCIES);
+    if (defaulted) process.env[REPORT_DEPENDENCIES] = 'false';
+    try {
+      require('@lumigo/opentelemetry');
+    } finally {
+      if (defaulted) delete process.env[REPORT_DEPENDENCIES];
+    }
+    if (!flag('LUMIGO_DEBUG')) quietExportErrors();
     debug('tracing with @lumigo/opentelemetry from ' + __dirname);
   } catch (error) {
     process.stderr.write(

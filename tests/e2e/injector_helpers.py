@@ -32,6 +32,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
+from api import constants
+from webhook.mutation import InjectionSettings, inject
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
 from localcluster import free_port, wait_until  # noqa: E402
@@ -256,8 +259,10 @@ def webhook_env(
 ) -> dict[str, str]:
     """The variables the injector webhook adds (reference behaviour §3), pointed at our payload.
 
-    LUMIGO_REPORT_DEPENDENCIES=false is added because both distros otherwise post a dependency
-    report straight to Lumigo's SaaS endpoint; the tests must send traffic to loopback only.
+    LUMIGO_REPORT_DEPENDENCIES=false is a safety net: the bootstraps default the distros'
+    dependency report (straight to Lumigo's public endpoint) off, and test_injector_egress proves
+    it with exactly the webhook's env in a loopback-only network namespace; these tests run in
+    the host's network, where a regression must still not send anything out.
     """
     env = {
         "LD_PRELOAD": str(payload / "injector" / "lumigo_injector.so"),
@@ -309,3 +314,43 @@ def compile_c(source: Path, out: Path, compiler: str = "gcc", *flags: str) -> Pa
     out.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([compiler, "-O2", "-o", str(out), str(source), *flags], check=True)
     return out
+
+
+def injected_pod_spec(
+    pod_spec: dict[str, Any], settings: InjectionSettings | None = None
+) -> dict[str, Any]:
+    """The pod spec of a Deployment after the real webhook mutation (webhook.mutation.inject)."""
+    labels = {"app": "app"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "app", "namespace": "default", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+    mutated = inject(deployment, settings or InjectionSettings())
+    spec: dict[str, Any] = mutated["spec"]["template"]["spec"]
+    return spec
+
+
+def init_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """The injected init container of an injected pod spec."""
+    for container in pod_spec["initContainers"]:
+        if container["name"] == constants.INJECTOR_INIT_CONTAINER:
+            return dict(container)
+    raise AssertionError(f"no {constants.INJECTOR_INIT_CONTAINER} init container in {pod_spec}")
+
+
+def container_env(container: dict[str, Any], payload: Path, token: str = TOKEN) -> dict[str, str]:
+    """A container's env as its process gets it: the token Secret reference resolved to `token`,
+    and the volume's mount path (/opt/lumigo) replaced by where the payload is here."""
+    env = {}
+    for entry in container.get("env") or []:
+        if "valueFrom" in entry:
+            assert "secretKeyRef" in entry["valueFrom"], entry
+            env[entry["name"]] = token
+        else:
+            env[entry["name"]] = entry["value"].replace(constants.LUMIGO_MOUNT_PATH, str(payload))
+    return env

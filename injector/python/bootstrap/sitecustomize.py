@@ -8,17 +8,98 @@
 # application: an unsupported interpreter, an application that already ships OpenTelemetry, or
 # any error while loading the distro only means "not traced".
 #
+# All tracer traffic goes to LUMIGO_ENDPOINT / LUMIGO_LOGS_ENDPOINT (the telemetry proxy): the
+# distro's dependency report, which only ever goes straight to Lumigo's public endpoint, is off
+# unless the user sets LUMIGO_REPORT_DEPENDENCIES. And a failed export (proxy down) is one line
+# on stderr, never a traceback in the application's output (unless LUMIGO_DEBUG=true).
+#
 # Written in a syntax that Python 2.7 still parses, because an unversioned `python` may be 2.7.
 import os
 import sys
 
 SUPPORTED = ((3, 9), (3, 10), (3, 11), (3, 12), (3, 13))
 DISTRO = "lumigo_opentelemetry"
+# The distro posts a dependency report to a fixed public URL (not LUMIGO_ENDPOINT) unless this is
+# "false"; a pod usually cannot reach it, and the report would bypass the proxy if it could.
+REPORT_DEPENDENCIES = "LUMIGO_REPORT_DEPENDENCIES"
+# Parent of every logger of the OpenTelemetry SDK and exporters (all ours: we stand down when the
+# application has OpenTelemetry), and the distro's own logger.
+OTEL_LOGGER = "opentelemetry"
+DISTRO_LOGGER = "lumigo-opentelemetry"
+
+
+def _flag(name):
+    return os.environ.get(name, "").lower() in ("true", "1")
 
 
 def _debug(message):
-    if os.environ.get("LUMIGO_INJECTOR_DEBUG", "").lower() in ("true", "1"):
+    if _flag("LUMIGO_INJECTOR_DEBUG"):
         sys.stderr.write("lumigo-injector: python: %s\n" % message)
+
+
+class _OneLineFormatter(object):
+    """Wraps a logging formatter: the exception goes on the message's line, with no traceback."""
+
+    def __init__(self, inner, suffix=""):
+        self.inner = inner
+        self.suffix = suffix
+
+    def format(self, record):
+        import copy
+
+        error = record.exc_info[1] if record.exc_info else None
+        plain = copy.copy(record)
+        plain.exc_info, plain.exc_text, plain.stack_info = None, None, None
+        text = self.inner.format(plain)
+        if error is not None:
+            text += ": %s: %s" % (type(error).__name__, error)
+        return text + self.suffix
+
+
+class _OncePerMessage(object):
+    """A failing export repeats with every batch while the proxy is unreachable: say it once."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def filter(self, record):
+        key = (record.name, str(record.msg))
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def quiet_export_errors():
+    """OpenTelemetry's warnings and errors go to stderr as single lines, each message once,
+    instead of propagating to the root logger, whose last-resort handler prints the traceback of
+    every failed export into the application's output. Other loggers, the root logger and the
+    application's own logging configuration are not touched."""
+    import logging
+
+    otel = logging.getLogger(OTEL_LOGGER)
+    if otel.handlers:  # configured by someone already: theirs
+        return
+    handler = logging.StreamHandler()  # stderr
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(
+        _OneLineFormatter(
+            logging.Formatter("lumigo-injector: python: %(name)s: %(message)s"),
+            " (repeats are not printed; LUMIGO_DEBUG=true prints all)",
+        )
+    )
+    handler.addFilter(_OncePerMessage())
+    otel.addHandler(handler)
+    otel.propagate = False
+
+
+def _no_tracebacks_from_distro_logger():
+    """The distro's logger has its own stderr handler: keep its format, drop the tracebacks."""
+    import logging
+
+    for handler in logging.getLogger(DISTRO_LOGGER).handlers:
+        if not isinstance(handler.formatter, _OneLineFormatter):
+            handler.setFormatter(_OneLineFormatter(handler.formatter or logging.Formatter()))
 
 
 def detect_libc():
@@ -80,8 +161,18 @@ def _activate(here):
     # a writable copy, like build/payload in tests, identical to what the image ships).
     dont_write = sys.dont_write_bytecode
     sys.dont_write_bytecode = True
+    quiet = not _flag("LUMIGO_DEBUG")
+    if quiet:
+        quiet_export_errors()
+    # Set only while the distro initialises (it reads it on import), so the application and its
+    # child processes see their environment unchanged.
+    defaulted = REPORT_DEPENDENCIES not in os.environ
+    if defaulted:
+        os.environ[REPORT_DEPENDENCIES] = "false"
     try:
         __import__(DISTRO)
+        if quiet:
+            _no_tracebacks_from_distro_logger()
         _debug("tracing with %s from %s" % (DISTRO, dirs[0]))
     except Exception as error:  # the distro failed: leave the app as it would be without us
         for entry in dirs:
@@ -93,6 +184,8 @@ def _activate(here):
         )
     finally:
         sys.dont_write_bytecode = dont_write
+        if defaulted:
+            os.environ.pop(REPORT_DEPENDENCIES, None)
 
 
 def _chain_user_sitecustomize(here):
