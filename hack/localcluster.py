@@ -495,6 +495,9 @@ class LocalCluster:
                 f"--cert-dir={self.workdir / 'pki'}",
                 "--profiling=false",
                 "--event-ttl=1h",
+                # Reach a kubelet (kubectl logs/exec on a real node, hack/localnode.py) by its
+                # node IP: the default tries its host name first, a DNS query off the machine.
+                "--kubelet-preferred-address-types=InternalIP",
                 *self._audit_flags(),
             ],
         )

@@ -30,7 +30,7 @@ settings.register_profile(
 settings.load_profile("ci")
 
 CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
-TIERS = ("unit", "integration", "e2e")
+TIERS = ("unit", "integration", "e2e", "node")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
