@@ -3,9 +3,13 @@
 # verified against the hashes in requirements-runtime.lock.
 #   docker build -t quay.io/lumigo/lumigo-operator:v0.1.0 .
 # The autotrace image (the init container added to traced pods) is built from injector/Dockerfile.
-FROM python:3.11-slim AS build
+# PYTHON_IMAGE: any image with CPython 3.11 as `python3` and its venv module; hack/build-images
+# passes a Debian bookworm base it builds with mmdebstrap, so nothing is pulled on a test machine.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/lumigo-operator
+RUN python3 -m venv /opt/lumigo-operator
 WORKDIR /src
 COPY requirements-runtime.lock ./
 RUN /opt/lumigo-operator/bin/pip install --require-hashes --no-deps -r requirements-runtime.lock
@@ -19,7 +23,7 @@ RUN /opt/lumigo-operator/bin/pip install --no-deps --no-build-isolation . \
  && /opt/lumigo-operator/bin/pip uninstall -y -q setuptools pip \
  && /opt/lumigo-operator/bin/python -m compileall -q /opt/lumigo-operator
 
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="Lumigo Kubernetes operator" \
       org.opencontainers.image.description="Traces the Python and Node.js workloads of a namespace with Lumigo" \
       org.opencontainers.image.vendor="Lumigo" \

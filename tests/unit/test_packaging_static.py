@@ -510,7 +510,7 @@ def test_runtime_lock_is_a_subset_of_the_dev_lock() -> None:
 
 def test_dockerfile_is_slim_non_root_and_hash_verified() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim\b", text, re.M)
     (user,) = re.findall(r"^USER (\S+)", text, re.M)
     uid = user.split(":")[0]
     assert uid.isdigit(), "numeric, so the kubelet can check runAsNonRoot"
