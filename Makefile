@@ -62,8 +62,13 @@ system-deps: ## Install the Debian packages the injector needs (musl-tools, aarc
 payload: venv system-deps ## Build lumigo_injector.so (x86_64 + aarch64) and the tracer payload tree in build/payload (cached)
 	$(PY) injector/build-payload --out build/payload
 
+.PHONY: images
+images: system-deps payload ## Build the container images from Debian packages, no registry (cached)
+	$(PYTHON) hack/install-tools otelcol
+	$(PYTHON) hack/build-images
+
 .PHONY: test
-test: venv tools lint payload ## Install what is missing, then run every test tier
+test: venv system-deps tools lint payload images ## Install what is missing, then run every test tier
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 .PHONY: test-unit
@@ -71,7 +76,7 @@ test-unit: venv ## Only the unit tier (no processes)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 .PHONY: run
-run: venv tools ## Start a local control plane, install the CRD, print how to use kubectl; Ctrl-C stops
+run: venv system-deps tools payload ## Local control plane (+ a real node where possible), the operator, a traced demo; Ctrl-C stops
 	$(PY) hack/run-local
 
 .PHONY: clean

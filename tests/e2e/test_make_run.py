@@ -49,6 +49,27 @@ def test_make_run_comes_up_with_a_traced_demo_and_stops_cleanly() -> None:
         ).stdout)  # fmt: skip
         init = [c["name"] for c in deployment["spec"]["template"]["spec"]["initContainers"]]
         assert init == ["lumigo-injector"]
+        if os.environ.get("LUMIGO_NODE", "").lower() != "off":
+            # On a machine that runs containers the demo is a real pod: its init container
+            # copied the tracer (exit 0) and the traced app's log is there to read.
+            assert not said("No real node"), "".join(seen)
+            pods = json.loads(subprocess.run(
+                [*kubectl, "get", "pods", "-n", "demo", "-l", "app=hello-python", "-o", "json"],
+                capture_output=True, text=True, check=True,
+            ).stdout)["items"]  # fmt: skip
+            running = [p for p in pods if p["status"].get("phase") == "Running"]
+            assert running, json.dumps([p["status"] for p in pods])[:3000]
+            (init_status,) = running[0]["status"]["initContainerStatuses"]
+            assert init_status["state"]["terminated"]["exitCode"] == 0
+            name = running[0]["metadata"]["name"]
+            copy_log = subprocess.run(
+                [*kubectl, "logs", "-n", "demo", name, "-c", "lumigo-injector"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            assert "lumigo-copy: copied" in copy_log
+            subprocess.run([*kubectl, "logs", "-n", "demo", name], check=True, capture_output=True)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
