@@ -18,8 +18,8 @@ from localcluster import FAKE_NODE, LocalCluster
 from localnode import LocalNode, NodeError, preflight, require
 from tests.conftest import _namespace_name
 
-# Until the tier has earned its place in `make test`, it runs only when asked for.
-NODE_TIER_DEFAULT = "off"
+# The tier is part of `make test`; LUMIGO_NODE=off is the one way to leave it out.
+NODE_TIER_DEFAULT = "on"
 NODE_DIR = Path(__file__).resolve().parent
 
 
