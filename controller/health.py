@@ -2,21 +2,36 @@
 
 Checks are named callables returning None when fine or raising (any exception = failing, its
 message is shown). `/healthz?verbose` and `/readyz?verbose` list every check like the API server.
+
+Served by the webhook's bounded server (`webhook.server.BoundedHTTPServer`, without TLS): idle
+connections are closed after a while, a request must arrive within a deadline, and the number of
+open connections is capped (the longest idle closed first), so idle or slow clients can neither
+pile up threads nor keep the kubelet's probes from being answered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from webhook.server import BoundedHTTPServer, Request, Response, ServerOptions
 
 log = logging.getLogger("lumigo.health")
 
 Check = Callable[[], None]
+
+# Probes and scrapes are small GETs from a few clients (kubelet, Prometheus).
+PROBE_OPTIONS = ServerOptions(
+    max_connections=256,
+    workers=2,
+    max_body_bytes=64 * 1024,
+    body_budget_bytes=1024 * 1024,
+    handler_budget_bytes=1024 * 1024,
+    shutdown_timeout=5.0,
+)
 
 
 class CheckFailed(Exception):
@@ -32,68 +47,58 @@ def parse_bind_address(address: str) -> tuple[str, int]:
 class ProbeServer:
     """One HTTP server; serves probes, metrics, or both depending on flags."""
 
-    def __init__(self, address: str, *, probes: bool = True, metrics: bool = True) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        probes: bool = True,
+        metrics: bool = True,
+        options: ServerOptions = PROBE_OPTIONS,
+    ) -> None:
         self.healthz: dict[str, Check] = {}
         self.readyz: dict[str, Check] = {}
         self._serve_probes = probes
         self._serve_metrics = metrics
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                path, _, query = self.path.partition("?")
-                if path == "/metrics" and server._serve_metrics:
-                    body = generate_latest(REGISTRY)
-                    self._reply(200, body, CONTENT_TYPE_LATEST)
-                elif path in ("/healthz", "/livez") and server._serve_probes:
-                    self._checks(server.healthz, "verbose" in query)
-                elif path == "/readyz" and server._serve_probes:
-                    self._checks(server.readyz, "verbose" in query)
-                else:
-                    self._reply(404, b"not found\n", "text/plain")
-
-            def _checks(self, checks: dict[str, Check], verbose: bool) -> None:
-                lines, ok = [], True
-                for name, check in sorted(checks.items()):
-                    try:
-                        check()
-                        lines.append(f"[+]{name} ok")
-                    except Exception as err:
-                        ok = False
-                        lines.append(f"[-]{name} failed: {err}")
-                if ok and not verbose:
-                    self._reply(200, b"ok", "text/plain")
-                    return
-                text = "\n".join(lines) + ("\nok\n" if ok else "\nfailed\n")
-                self._reply(200 if ok else 500, text.encode(), "text/plain")
-
-            def _reply(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return  # probes every few seconds would drown the log
-
         host, port = parse_bind_address(address)
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._server = BoundedHTTPServer(
+            self._handle,
+            dataclasses.replace(options, host=host, port=port),
+            name=f"probe-server-{port}",
+        )
 
     @property
     def port(self) -> int:
-        return int(self._httpd.server_address[1])
+        return self._server.port
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name=f"probe-server-{self.port}", daemon=True
-        )
-        self._thread.start()
+        self._server.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._server.stop()
+
+    def _handle(self, request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return Response(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
+        path, _, query = request.target.partition("?")
+        if path == "/metrics" and self._serve_metrics:
+            return Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+        if path in ("/healthz", "/livez") and self._serve_probes:
+            return self._checks(self.healthz, "verbose" in query)
+        if path == "/readyz" and self._serve_probes:
+            return self._checks(self.readyz, "verbose" in query)
+        return Response(404, b"not found\n", "text/plain")
+
+    @staticmethod
+    def _checks(checks: dict[str, Check], verbose: bool) -> Response:
+        lines, ok = [], True
+        for name, check in sorted(checks.items()):
+            try:
+                check()
+                lines.append(f"[+]{name} ok")
+            except Exception as err:
+                ok = False
+                lines.append(f"[-]{name} failed: {err}")
+        if ok and not verbose:
+            return Response(200, b"ok", "text/plain")
+        text = "\n".join(lines) + ("\nok\n" if ok else "\nfailed\n")
+        return Response(200 if ok else 500, text.encode(), "text/plain")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -34,14 +35,32 @@ KIND: Final = "AdmissionReview"
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 # controller-runtime's limit: the API server caps objects at 3 MiB, a review holds two of them.
 MAX_BODY_BYTES: Final = 7 * 1024 * 1024
+QUOTE_LIMIT: Final = 100  # characters of a caller's value quoted back in an error message
+MESSAGE_LIMIT: Final = 1000  # characters of a 400 message, whatever it quotes
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = QUOTE_LIMIT
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist = 2, 4, 4
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`value` as repr() for an error message, at most `limit` characters + "…": a 400 must not
+    echo megabytes of the caller's input back (the API server logs and shows these messages).
+    reprlib never renders more of a value than it shows."""
+    return clip(_REPR.repr(value), limit)
 
 
 class BadRequest(Exception):
-    """The body is not a usable AdmissionReview; `message` is shown to the caller (HTTP 400)."""
+    """The body is not a usable AdmissionReview; `message` is shown to the caller (HTTP 400).
+    Values from the request belong in it through `quote()`; the whole message is clipped too."""
 
     def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
+        self.message = clip(message, MESSAGE_LIMIT)
+        super().__init__(self.message)
 
 
 @dataclass(frozen=True)
@@ -155,14 +174,15 @@ def parse_review(body: bytes, content_type: str | None) -> AdmissionRequest:
     media_type = (content_type or "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
         raise BadRequest(
-            f"unsupported Content-Type {content_type or '(none)'!r}: expected application/json"
+            f"unsupported Content-Type {quote(content_type or '(none)')}: expected application/json"
         )
     if not body:
         raise BadRequest("the request body is empty: expected an AdmissionReview")
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"the request body is larger than {MAX_BODY_BYTES} bytes")
     try:
-        document = json.loads(body, parse_constant=_reject_constant)
+        # UTF-8 only, as the API server sends (json.loads would also take UTF-16/32 or a BOM).
+        document = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
     except RecursionError:
         raise BadRequest("the JSON body is nested too deeply") from None
     except UnicodeDecodeError as err:
@@ -173,10 +193,11 @@ def parse_review(body: bytes, content_type: str | None) -> AdmissionRequest:
         raise BadRequest("the request body must be a JSON object (an AdmissionReview)")
     api_version, kind = document.get("apiVersion"), document.get("kind")
     if kind != KIND:
-        raise BadRequest(f"expected kind {KIND!r}, got {kind!r}")
+        raise BadRequest(f"expected kind {KIND!r}, got {quote(kind)}")
     if api_version != API_VERSION:
         raise BadRequest(
-            f"unsupported AdmissionReview version {api_version!r}: only {API_VERSION} is served"
+            f"unsupported AdmissionReview version {quote(api_version)}: "
+            f"only {API_VERSION} is served"
         )
     request = document.get("request")
     if not isinstance(request, dict):
@@ -195,7 +216,7 @@ def _request(request: dict[str, Any]) -> AdmissionRequest:
     operation = request.get("operation")
     if operation not in OPERATIONS:
         raise BadRequest(
-            f"request.operation must be one of {', '.join(OPERATIONS)}, got {operation!r}"
+            f"request.operation must be one of {', '.join(OPERATIONS)}, got {quote(operation)}"
         )
     kind = request.get("kind")
     if not isinstance(kind, dict):

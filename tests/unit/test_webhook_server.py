@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import socket
 import ssl
 import threading
@@ -118,6 +119,19 @@ def test_bad_requests_get_400_with_a_clear_message_and_keep_the_connection(
         (b"BLAH\r\n\r\n", 400, "Bad request", True),
         (b"POST /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414, "too long", True),
         (b"POST / HTTP/1.1\r\n" + b"X: y\r\n" * 150 + b"\r\n", 431, "Too many headers", True),
+        (b"POST / HTTP/1.1\r\n" + b"X: " + b"y" * 70000 + b"\r\n\r\n", 431, "too large", True),
+        # Two Content-Length headers, equal or not, are a request-smuggling shape: refused.
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+         400, "more than one Content-Length", True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 9\r\n\r\n{}",
+         400, "more than one Content-Length", True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n{}", 400, "invalid",
+         True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length : 2\r\n\r\n{}", 400,
+         "Bad header line", True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nX: a\r\n b\r\nContent-Length: 2\r\n\r\n{}", 400,
+         "Bad header line", True),
+        (b"POST /v1alpha1/inject HTTP/2.0\r\n\r\n", 505, "Invalid HTTP version", True),
     ],
 )  # fmt: skip
 def test_protocol_mistakes_get_4xx_never_5xx(
@@ -156,6 +170,23 @@ def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
         status, _, reply = exchange(sock, body)
         assert status == 200
         assert json.loads(reply)["response"]["uid"] == "expect"
+
+
+def test_expect_100_continue_is_not_answered_when_the_body_is_too_large() -> None:
+    tls, pki = loaded_tls()
+    with running(ROUTES, tls) as server, tls_socket(server.port, client_context(pki)) as sock:
+        head = (
+            f"POST {PATH} HTTP/1.1\r\nContent-Type: application/json\r\n"
+            "Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n"
+        )
+        sock.sendall(head.encode())
+        answer = b""
+        while chunk := sock.recv(65536):  # http.client would skip a 100: read it raw
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 413 ")  # the first answer, no 100 before it
+        head_part, _, reply = answer.partition(b"\r\n\r\n")
+        assert b"Connection: close" in head_part
+        assert "larger than the" in message(reply)
 
 
 def test_failed_handshakes_are_counted() -> None:
@@ -218,26 +249,35 @@ def test_the_handshake_happens_off_the_accept_thread() -> None:
                 sock.close()
 
 
-def test_concurrency_is_bounded() -> None:
+def closed_by_server(sock: socket.socket) -> bool:
+    """True once the server has closed its end (nothing else is due on an idle connection)."""
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable) and sock.recv(1) == b""
+
+
+def test_when_full_the_connection_idle_the_longest_makes_room() -> None:
     tls, pki = loaded_tls()
     ctx = client_context(pki)
-    with running(ROUTES, tls, max_connections=2) as server:
-        holders = [reviews.Client(server.port, ctx) for _ in range(2)]
-        for holder in holders:  # two idle keep-alive connections hold both workers
-            assert holder.post(PATH, deployment_body())[0] == 200
-        # A third client cannot even complete its handshake while both workers are taken.
-        blocked = reviews.Client(server.port, ctx, timeout=1.0)
-        with pytest.raises((TimeoutError, ssl.SSLError, OSError)):
-            blocked.post(PATH, deployment_body())
-        blocked.close()
-        holders[0].close()
-        late = reviews.Client(server.port, ctx, timeout=30)
+    with running(ROUTES, tls, max_connections=3) as server:
+        holders = [reviews.Client(server.port, ctx) for _ in range(3)]
         try:
+            for holder in holders:  # three idle keep-alive connections fill the server
+                assert holder.post(PATH, deployment_body())[0] == 200
+            late = reviews.Client(server.port, ctx, timeout=10)
+            holders.append(late)
             assert late.post(PATH, deployment_body())[0] == 200
+            oldest = holders[0].conn.sock
+            assert oldest is not None
+            wait_until(lambda: closed_by_server(oldest), 30, "the oldest idle one to be closed")
+            for holder in holders[1:]:  # the others kept their connection
+                sock = holder.conn.sock
+                assert holder.post(PATH, deployment_body())[0] == 200
+                assert holder.conn.sock is sock
+            assert server.connections == 3
+            assert server.evicted == 1
         finally:
-            late.close()
-            holders[1].close()
-        assert server.peak_connections == 2
+            for holder in holders:
+                holder.close()
 
 
 def test_certificate_hot_swap_without_restart() -> None:
