@@ -158,6 +158,7 @@ class InjectHandler:
         try:
             mutation.validate(obj, kind.kind)
         except InvalidObjectError as err:
+            # kind and apiVersion are a supported pair here (checked above), not free text.
             raise BadRequest(f"cannot decode the {kind.api_version} {kind.kind}: {err}") from None
         meta = _metadata(obj)
         subject = _Subject(

@@ -51,6 +51,7 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import LumigoSpec
+from webhook.admission import quote
 from webhook.jsonpatch import copy_json, equal, same
 from webhook.quantity import parse_quantity, same_quantity
 
@@ -244,7 +245,7 @@ def pod_template_path(kind: str) -> tuple[str, ...]:
     """Where the pod template of a workload kind lives; raises InvalidObjectError if unsupported."""
     if kind not in SUPPORTED_KINDS:
         raise InvalidObjectError(
-            f"unsupported kind {kind!r}: expected one of {sorted(SUPPORTED_KINDS)}"
+            f"unsupported kind {quote(kind)}: expected one of {sorted(SUPPORTED_KINDS)}"
         )
     return _CRONJOB_TEMPLATE if kind == "CronJob" else _TEMPLATE
 
@@ -357,7 +358,7 @@ def _check_metadata(meta: Any, where: str) -> None:
             raise InvalidObjectError(f"{where}.labels must be an object")
         for key, value in labels.items():
             if not isinstance(value, str):
-                raise InvalidObjectError(f"{where}.labels[{key!r}] must be a string")
+                raise InvalidObjectError(f"{where}.labels[{quote(key)}] must be a string")
     _objects(meta.get("ownerReferences"), f"{where}.ownerReferences")
 
 
