@@ -44,10 +44,11 @@ docker-build: ## Build the operator image (needs docker; the autotrace image: in
 	docker build -t $(IMG) .
 
 .PHONY: lint
-lint: venv ## ruff (lint + format check) and mypy --strict
+lint: venv ## ruff (lint + format check), mypy --strict, import-linter (the layering, pyproject.toml)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict api webhook controller
+	$(VENV)/bin/lint-imports
 
 .PHONY: fmt
 fmt: venv ## Format the code

@@ -21,15 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "hack"))
 
-from api.resources import DEPLOYMENTS, NAMESPACES  # noqa: E402
-from controller.kube import KubeClient  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.runtime.resources import DEPLOYMENTS, NAMESPACES  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
 
 MEASURE = """
 import gc, json, sys, time
-from controller.kube import KubeClient
-from controller.informer import Informer, metadata_projection
-from api.resources import DEPLOYMENTS
+from controller.runtime.kube import KubeClient
+from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.resources import DEPLOYMENTS
 from api import constants
 
 def rss_kib():

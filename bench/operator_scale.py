@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "hack"))
 
-from api.resources import DEPLOYMENTS, LUMIGOES  # noqa: E402
-from controller.kube import KubeClient  # noqa: E402
+from controller.lumigo.resources import LUMIGOES  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
 from localoperator import OperatorProcess  # noqa: E402
 from tests.support.checks import TOKEN, lumigo_yaml  # noqa: E402

@@ -28,9 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
-from api.resources import DEPLOYMENTS  # noqa: E402
-from controller.kube import KubeClient  # noqa: E402
-from controller.telemetry_config import MonitoredNamespace, render  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
+from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     OTLPSink,

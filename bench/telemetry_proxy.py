@@ -34,9 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
-from api.resources import PODS  # noqa: E402
-from controller.kube import KubeClient  # noqa: E402
-from controller.telemetry_config import render  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.runtime.resources import PODS  # noqa: E402
+from controller.telemetry.config import render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     export_request,

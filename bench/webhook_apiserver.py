@@ -30,10 +30,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 from prometheus_client import REGISTRY  # noqa: E402
 
 from api import constants  # noqa: E402
-from api.resources import DEPLOYMENTS, LUMIGOES  # noqa: E402
-from controller.events import EventRecorder  # noqa: E402
-from controller.informer import Informer, metadata_projection  # noqa: E402
-from controller.kube import KubeClient  # noqa: E402
+from controller.lumigo.resources import LUMIGOES  # noqa: E402
+from controller.runtime.events import EventRecorder  # noqa: E402
+from controller.runtime.informer import Informer, metadata_projection  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
 from tests.conftest import CRD_FILE  # noqa: E402
 from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
@@ -48,12 +49,12 @@ from tests.support.webhook_cluster import (  # noqa: E402
     policy,
     registered,
 )
+from webhook.admission.server import AdmissionServer, ServerOptions  # noqa: E402
+from webhook.admission.tls import ServingTLS  # noqa: E402
 from webhook.inject_handler import InjectHandler  # noqa: E402
 from webhook.mutate_handler import MutateHandler  # noqa: E402
 from webhook.mutation import InjectionSettings  # noqa: E402
-from webhook.routing import admission_routes  # noqa: E402
-from webhook.server import AdmissionServer, ServerOptions  # noqa: E402
-from webhook.tls import ServingTLS  # noqa: E402
+from webhook.routes import admission_routes  # noqa: E402
 
 PATH = "/v1alpha1/inject"
 RESULTS = ROOT / "bench" / "results" / "webhook_apiserver{}.json"

@@ -53,7 +53,7 @@ def routes() -> tuple[str, dict[str, Any]]:
     from webhook.inject_handler import InjectHandler
     from webhook.mutate_handler import MutateHandler
     from webhook.mutation import InjectionSettings
-    from webhook.routing import admission_routes
+    from webhook.routes import admission_routes
 
     lister = StaticLister({"default": [lumigo(namespace="default")]})
     inject = InjectHandler(lister, _Discard(), InjectionSettings(operator_version="0.1.0"))
@@ -62,9 +62,9 @@ def routes() -> tuple[str, dict[str, Any]]:
 
 def serve(directory: Path) -> None:
     """Child process: generate a certificate, serve until SIGTERM."""
-    from webhook import certs
-    from webhook.server import AdmissionServer, ServerOptions
-    from webhook.tls import ServingTLS
+    from webhook.admission import certs
+    from webhook.admission.server import AdmissionServer, ServerOptions
+    from webhook.admission.tls import ServingTLS
 
     policy = certs.CertPolicy("bench", "bench", extra_ip_addresses=("127.0.0.1",))
     state = certs.bootstrap(policy, dt.datetime.now(dt.UTC))

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from webhook import admission, mutation
+from webhook import mutation
+from webhook.admission import review as admission
 from webhook.inject_handler import InjectHandler
 from webhook.mutate_handler import MutateHandler
 from webhook.mutation import InjectionSettings

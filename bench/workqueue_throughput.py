@@ -27,7 +27,7 @@ import time
 from collections.abc import Hashable
 from pathlib import Path
 
-from controller.workqueue import RateLimitingQueue
+from controller.runtime.workqueue import RateLimitingQueue
 
 RESULTS = Path(__file__).resolve().parent / "results" / "workqueue_throughput.json"
 

@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from api import __version__
-from api.resources import ApiError
 from controller.options import add_run_flags, parse_duration, run_options
+from controller.runtime.resources import ApiError
 
 log = logging.getLogger("lumigo.cli")
 
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"lumigo-operator {__version__}")
         return 0
-    from controller.logs import setup_logging  # noqa: PLC0415 - only for commands that log
+    from controller.runtime.logs import setup_logging  # noqa: PLC0415 - only for commands that log
 
     setup_logging(args.log_level)
     try:
@@ -62,10 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    from controller.events import EventRecorder  # noqa: PLC0415
-    from controller.instrumentation import Instrumenter  # noqa: PLC0415
-    from controller.kube import KubeClient  # noqa: PLC0415
-    from controller.uninstall import uninstall  # noqa: PLC0415
+    from controller.lumigo.instrumentation import Instrumenter  # noqa: PLC0415
+    from controller.lumigo.uninstall import uninstall  # noqa: PLC0415
+    from controller.runtime.events import EventRecorder  # noqa: PLC0415
+    from controller.runtime.kube import KubeClient  # noqa: PLC0415
     from webhook.events import UNINSTALL_COMPONENT  # noqa: PLC0415
 
     client = KubeClient.from_env(args.kubeconfig)

@@ -14,31 +14,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from api import constants
-from api.resources import (
-    LUMIGOES,
-    MUTATING_WEBHOOK_CONFIGURATIONS,
-    SECRETS,
-    WORKLOADS,
-)
-from controller.events import EventRecorder
-from controller.informer import Informer, metadata_projection
-from controller.instrumentation import Instrumenter
-from controller.kube import KubeClient
-from controller.lumigo_controller import LumigoReconciler
-from controller.manager import Controller, Manager, ManagerOptions, Runnable
+from controller.lumigo.instrumentation import Instrumenter
+from controller.lumigo.reconciler import LumigoReconciler
+from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
-from controller.store import ObjectKey, key_of
-from controller.telemetry_config import DEFAULT_UPSTREAM, ProxySettings
-from controller.telemetry_reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.runtime.events import EventRecorder
+from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Controller, Manager, ManagerOptions, Runnable
+from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, WORKLOADS
+from controller.runtime.store import ObjectKey, key_of
+from controller.telemetry.config import DEFAULT_UPSTREAM, ProxySettings
+from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
-from webhook.cert_manager import CertWriter, FileCerts, SelfSignedCerts
-from webhook.certs import CertPolicy
+from webhook.admission.cert_manager import CertWriter, FileCerts, SelfSignedCerts
+from webhook.admission.certs import CertPolicy
+from webhook.admission.server import AdmissionServer, ServerOptions
+from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
 from webhook.mutate_handler import MutateHandler
 from webhook.mutation import InjectionSettings
-from webhook.routing import admission_routes
-from webhook.server import AdmissionServer, ServerOptions
-from webhook.tls import ServingTLS
+from webhook.routes import admission_routes
 
 log = logging.getLogger("lumigo.operator")
 

@@ -19,8 +19,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from api.resources import LUMIGOES, MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES, ApiError
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES, ApiError
 from localcluster import LocalCluster, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack"))
 
-from controller.kube import KubeClient  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
 
 # Shared 2-core CI machines are slow and noisy: no per-example deadlines, no too_slow checks.

@@ -3,7 +3,7 @@
 They are part of the compatibility contract (users grep and alert on them), so they are defined
 once, here, for the webhook and the controller alike.
 
-Collaborator (implemented by `controller.events.EventRecorder`, passed in by the manager):
+Collaborator (implemented by `controller.runtime.events.EventRecorder`, passed in by the manager):
 
     class EventRecorder(Protocol):
         def event(self, obj, type, reason, message, component) -> None

@@ -42,21 +42,34 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Protocol
 
+from prometheus_client import Counter
+
 from api import constants
 from api.lumigo import load_spec
 from webhook import events, mutation
-from webhook.admission import (
+from webhook.admission.jsonpatch import diff
+from webhook.admission.review import (
     AdmissionRequest,
     AdmissionResponse,
     BadRequest,
     allow,
     patched,
 )
-from webhook.jsonpatch import diff
-from webhook.metrics import INJECTIONS_TOTAL
 from webhook.mutation import InjectionSettings, InvalidObjectError, OptedOutError
 
 log = logging.getLogger("lumigo.webhook.inject")
+
+# The handler's decisions (the other webhook series are the server's: webhook.admission.metrics).
+#   result   injected | updated | unchanged | skipped | failed
+#   reason   short machine-readable token, e.g. lumigo, label-opt-in, no-lumigo, not-active,
+#            injection-disabled, opted-out, skip-next-injector, deployment-owned, windows-pod,
+#            job-immutable, being-deleted, already-instrumented, list-error, invalid-settings,
+#            internal-error
+INJECTIONS_TOTAL = Counter(
+    "lumigo_injections_total",
+    "Workload admissions seen by the injector webhook, by outcome and reason.",
+    ["namespace", "kind", "result", "reason"],
+)
 
 JSON = dict[str, Any]
 

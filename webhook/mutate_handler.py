@@ -24,7 +24,8 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import InvalidSpecError, dump_spec, load_spec
-from webhook.admission import (
+from webhook.admission.jsonpatch import diff
+from webhook.admission.review import (
     AdmissionRequest,
     AdmissionResponse,
     BadRequest,
@@ -34,7 +35,6 @@ from webhook.admission import (
     patched,
 )
 from webhook.inject_handler import NOTHING_ON_DELETE, LumigoLister
-from webhook.jsonpatch import diff
 
 log = logging.getLogger("lumigo.webhook.mutate")
 

@@ -51,9 +51,9 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import LumigoSpec
-from webhook.admission import quote
-from webhook.jsonpatch import copy_json, equal, same
-from webhook.quantity import parse_quantity, same_quantity
+from webhook.admission.jsonpatch import copy_json, equal, same
+from webhook.admission.quantity import parse_quantity, same_quantity
+from webhook.admission.review import quote
 
 JSON = dict[str, Any]
 

@@ -24,8 +24,8 @@ from typing import Any
 import yaml
 
 from api import constants
-from api.resources import NAMESPACES
-from controller.kube import KubeClient
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import NAMESPACES
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
 
@@ -217,7 +217,7 @@ def denied(cluster: LocalCluster, namespace: str, sa: str, checks: list[list[str
 
 
 def telemetry_reconciler_requests(namespace: str, fullname: str) -> list[list[str]]:
-    """Every request controller/telemetry_reconciler.py makes, as `kubectl auth can-i` args."""
+    """Every request controller/telemetry/reconciler.py makes, as `kubectl auth can-i` args."""
     deployment = f"deployments.apps/{fullname}-telemetry-proxy"
     secret = f"secrets/{fullname}-telemetry-proxy-config"
     return [

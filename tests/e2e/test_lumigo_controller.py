@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 
 from api import constants
-from api.resources import (
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import (
     CRONJOBS,
     DAEMONSETS,
     DEPLOYMENTS,
     JOBS,
-    LUMIGOES,
     MUTATING_WEBHOOK_CONFIGURATIONS,
     PODS,
     REPLICASETS,
     STATEFULSETS,
 )
-from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
 from tests.support.checks import (

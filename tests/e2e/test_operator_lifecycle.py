@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from api.resources import (
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import (
     CRONJOBS,
     DAEMONSETS,
     DEPLOYMENTS,
     LEASES,
-    LUMIGOES,
     STATEFULSETS,
     ApiError,
 )
-from controller.kube import KubeClient
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
 from tests.support.checks import (

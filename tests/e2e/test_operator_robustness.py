@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from api.resources import DEPLOYMENTS, ApiError
-from controller.kube import KubeClient
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, ApiError
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
 from tests.support.checks import TOKEN, instrumented, is_active, lumigo_yaml, status

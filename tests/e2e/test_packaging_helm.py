@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from api import constants
-from api.resources import DEPLOYMENTS, LUMIGOES
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CHART,

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from api import constants
-from api.resources import CONFIGMAPS, DEPLOYMENTS, EVENTS, LUMIGOES, SECRETS
 from controller.cli import _parser
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
 from controller.options import run_options
-from controller.telemetry_reconciler import CONFIG_HASH_ANNOTATION
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, EVENTS, SECRETS
+from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,

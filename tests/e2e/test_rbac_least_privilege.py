@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from api.resources import DEPLOYMENTS, JOBS, LUMIGOES, SECRETS
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, JOBS, SECRETS
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,

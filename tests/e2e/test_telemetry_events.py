@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from api.resources import DEPLOYMENTS, EVENTS, LUMIGOES, NAMESPACES, PODS, SECRETS
-from controller.informer import Informer
-from controller.kube import KubeClient
-from controller.telemetry_config import MonitoredNamespace, render
-from controller.telemetry_reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SECRETS
+from controller.telemetry.config import MonitoredNamespace, render
+from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import LogSeen, OTLPSink, local_settings, running_collector, running_sink

@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from api.resources import DEPLOYMENTS, LUMIGOES, SECRETS, SERVICES, Resource
-from controller.informer import Informer
-from controller.kube import KubeClient
-from controller.telemetry_config import HEALTH_PORT, OTLP_HTTP_PORT, render
-from controller.telemetry_reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, SECRETS, SERVICES, Resource
+from controller.telemetry.config import HEALTH_PORT, OTLP_HTTP_PORT, render
+from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import ROOT, LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import (

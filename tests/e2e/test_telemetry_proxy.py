@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from api.resources import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
-from controller.kube import KubeClient
-from controller.telemetry_config import render
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
+from controller.telemetry.config import render
 from localcluster import LocalCluster, free_port, wait_until
 from tests.e2e.injector_helpers import (
     PROGRAMS,

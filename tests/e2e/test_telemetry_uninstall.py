@@ -7,11 +7,12 @@ and the tokens in it, when the Deployment goes.
 
 from __future__ import annotations
 
-from api.resources import DEPLOYMENTS, LUMIGOES, SECRETS
-from controller.informer import Informer
-from controller.kube import KubeClient
-from controller.telemetry_config import ProxySettings
-from controller.telemetry_reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, SECRETS
+from controller.telemetry.config import ProxySettings
+from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 
 PROXY = "lumigo-telemetry-proxy"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from api import constants
-from api.resources import DAEMONSETS, DEPLOYMENTS, LUMIGOES, STATEFULSETS
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, STATEFULSETS
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
 from tests.support.checks import TOKEN, clean, create, instrumented, is_active, lumigo_yaml

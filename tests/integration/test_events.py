@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from api.resources import DEPLOYMENTS, EVENTS
-from controller.events import EventRecorder
-from controller.kube import KubeClient
+from controller.runtime.events import EventRecorder
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, EVENTS
 from localcluster import wait_until
 
 

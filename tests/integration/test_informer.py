@@ -10,9 +10,9 @@ from typing import Any
 import pykube
 import pytest
 
-from api.resources import CONFIGMAPS
-from controller.informer import FuncHandler, Informer, metadata_projection
-from controller.kube import KubeClient
+from controller.runtime.informer import FuncHandler, Informer, metadata_projection
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import CONFIGMAPS
 from localcluster import LocalCluster, wait_until
 from tests.support.tcpproxy import TCPProxy
 

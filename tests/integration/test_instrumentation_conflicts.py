@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from api import constants
-from api.resources import DEPLOYMENTS, Resource
-from controller.instrumentation import Instrumenter, Target
-from controller.kube import KubeClient
+from controller.lumigo.instrumentation import Instrumenter, Target
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, Resource
 from localcluster import LocalCluster
 from tests.support.workloads import workload
 from webhook import mutation

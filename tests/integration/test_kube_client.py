@@ -8,8 +8,8 @@ from typing import Any
 import pykube
 import pytest
 
-from api.resources import CONFIGMAPS, LEASES, ApiError
-from controller.kube import REST_REQUESTS, KubeClient
+from controller.runtime.kube import REST_REQUESTS, KubeClient
+from controller.runtime.resources import CONFIGMAPS, LEASES, ApiError
 from localcluster import LocalCluster
 
 

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from api.resources import LEASES
-from controller.kube import KubeClient
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import LEASES
 from localcluster import LocalCluster, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
 CANDIDATE = """
 import signal, sys, threading
-from controller.kube import KubeClient
-from controller.leader import LeaderElector
-from controller.logs import setup_logging
+from controller.runtime.kube import KubeClient
+from controller.runtime.leader import LeaderElector
+from controller.runtime.logs import setup_logging
 
 setup_logging("warning")
 done = threading.Event()

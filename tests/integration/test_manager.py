@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from api.resources import CONFIGMAPS, DEPLOYMENTS, REPLICASETS
-from controller.informer import Informer, metadata_projection
-from controller.kube import KubeClient
-from controller.manager import Controller, Manager, ManagerOptions, Result
-from controller.store import ObjectKey
+from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Controller, Manager, ManagerOptions, Result
+from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, REPLICASETS
+from controller.runtime.store import ObjectKey
 from localcluster import LocalCluster, wait_until
 
 JSON = dict[str, Any]

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.resources import PODS, ApiError
-from controller.kube import KubeClient
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import PODS, ApiError
 from localcluster import LocalCluster
 from webhook.mutation import InjectionSettings, inject
 

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from api.resources import CONFIGMAPS, DEPLOYMENTS, LUMIGOES, SECRETS, ApiError
-from controller.informer import Informer
-from controller.kube import KubeClient
-from controller.telemetry_config import ProxySettings
-from controller.telemetry_reconciler import (
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, SECRETS, ApiError
+from controller.telemetry.config import ProxySettings
+from controller.telemetry.reconciler import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
     ProxyTarget,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.telemetry_config import MonitoredNamespace, ProxySettings, render
+from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
 from tests.support.otel import COLLECTOR
 
 

@@ -23,8 +23,13 @@ from typing import Any
 
 import pytest
 
-from api.resources import DEPLOYMENTS, MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, ApiError
-from controller.kube import KubeClient
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import (
+    DEPLOYMENTS,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    ApiError,
+)
 from localcluster import wait_until
 from tests.support import reviews, standin_handler, workloads
 from tests.support.webhook_cluster import (
@@ -36,9 +41,9 @@ from tests.support.webhook_cluster import (
     registered,
     unique_name,
 )
-from webhook import certs
-from webhook.server import AdmissionServer, ServerOptions
-from webhook.tls import ServingTLS
+from webhook.admission import certs
+from webhook.admission.server import AdmissionServer, ServerOptions
+from webhook.admission.tls import ServingTLS
 
 INJECT = "/v1alpha1/inject"
 MARK = "/v1alpha1/mark"

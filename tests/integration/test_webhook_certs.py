@@ -12,9 +12,9 @@ from typing import Any
 from cryptography import x509
 from prometheus_client import REGISTRY
 
-from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
-from controller.informer import FuncHandler, Informer
-from controller.kube import KubeClient
+from controller.runtime.informer import FuncHandler, Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
 from tests.support.webhook_cluster import (
     SECRET,
@@ -24,8 +24,8 @@ from tests.support.webhook_cluster import (
     registered,
     unique_name,
 )
-from webhook import certs
-from webhook.cert_manager import CertWriter
+from webhook.admission import certs
+from webhook.admission.cert_manager import CertWriter
 
 URL = "https://127.0.0.1:1/v1alpha1/inject"  # never called: these tests only look at certificates
 

@@ -19,9 +19,9 @@ import pytest
 from api import constants
 from localcluster import KubectlError, LocalCluster, wait_until
 from webhook import mutation
-from webhook.admission import AdmissionResponse, parse_review
+from webhook.admission.jsonpatch import apply
+from webhook.admission.review import AdmissionResponse, parse_review
 from webhook.inject_handler import InjectHandler
-from webhook.jsonpatch import apply
 from webhook.mutate_handler import MutateHandler
 from webhook.mutation import InjectionSettings
 

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from api.resources import DEPLOYMENTS, LUMIGOES, ApiError, Resource
-from controller.events import EventRecorder
-from controller.informer import Informer
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.events import EventRecorder
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, ApiError, Resource
 from localcluster import wait_until
 from localoperator import wait_until_webhooks_admit
 from tests.support import standin_handler, workloads
@@ -29,13 +30,14 @@ from tests.support.webhook_cluster import (
     registered,
     unique_name,
 )
-from webhook import certs
+from webhook.admission import certs
+from webhook.admission.routing import Route
+from webhook.admission.server import AdmissionServer, ServerOptions
+from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
 from webhook.mutate_handler import MutateHandler
 from webhook.mutation import InjectionSettings
-from webhook.routing import Route, admission_routes
-from webhook.server import AdmissionServer, ServerOptions
-from webhook.tls import ServingTLS
+from webhook.routes import admission_routes
 
 INJECT = "/v1alpha1/inject"
 

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from api import constants
-from api.resources import EVENTS, LUMIGOES, Resource
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import EVENTS, Resource
 from tests.support.workloads import init_container_names, pod_spec, workload
 
 TOKEN = "t_123456789012345678901"

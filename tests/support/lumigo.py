@@ -10,8 +10,9 @@ import base64
 import datetime as dt
 from typing import Any
 
-from api.resources import LUMIGOES, SECRETS
-from controller.kube import KubeClient
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import SECRETS
 
 JSON = dict[str, Any]
 

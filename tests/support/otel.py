@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from controller.telemetry_config import ProxySettings
+from controller.telemetry.config import ProxySettings
 from localcluster import Process, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

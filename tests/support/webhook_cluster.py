@@ -14,14 +14,14 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from api.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
-from controller.informer import Informer
-from controller.kube import KubeClient
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
-from webhook import certs
-from webhook.cert_manager import CertWriter, SelfSignedCerts
-from webhook.readiness import NotReady
-from webhook.tls import ServingTLS
+from webhook.admission import certs
+from webhook.admission.cert_manager import CertWriter, SelfSignedCerts
+from webhook.admission.readiness import NotReady
+from webhook.admission.tls import ServingTLS
 
 SECRET = "lumigo-webhook-certs"
 WORKLOAD_RULES = [

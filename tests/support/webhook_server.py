@@ -28,11 +28,11 @@ from typing import Any
 
 from localcluster import wait_until
 from tests.support import reviews
-from webhook import certs
-from webhook.admission import MAX_BODY_BYTES
-from webhook.routing import Route
-from webhook.server import AdmissionServer, ServerOptions
-from webhook.tls import ServingTLS
+from webhook.admission import certs
+from webhook.admission.review import MAX_BODY_BYTES
+from webhook.admission.routing import Route
+from webhook.admission.server import AdmissionServer, ServerOptions
+from webhook.admission.tls import ServingTLS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,7 +180,7 @@ def real_routes() -> dict[str, Route]:
     from webhook.inject_handler import InjectHandler
     from webhook.mutate_handler import MutateHandler
     from webhook.mutation import InjectionSettings
-    from webhook.routing import admission_routes
+    from webhook.routes import admission_routes
 
     lister = StaticLister({"default": [lumigo(namespace="default")]})
     settings = InjectionSettings(operator_version="0.1.0")

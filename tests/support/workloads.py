@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.resources import (
+from controller.runtime.resources import (
     CRONJOBS,
     DAEMONSETS,
     DEPLOYMENTS,

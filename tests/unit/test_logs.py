@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 
-from controller.logs import log_context, setup_logging
+from controller.runtime.logs import log_context, setup_logging
 
 
 def test_json_lines_with_thread_local_context() -> None:

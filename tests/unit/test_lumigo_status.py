@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from api.lumigo import SecretRef
-from controller.lumigo_status import (
+from controller.lumigo.status import (
     ConditionUpdate,
     active_updates,
     apply_conditions,

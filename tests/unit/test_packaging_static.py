@@ -573,7 +573,7 @@ def test_olm_users_set_endpoints_and_cluster_name_with_the_subscription_env(
 def test_kubectl_install_sends_to_lumigo_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     from controller.cli import _parser
     from controller.options import run_options
-    from controller.telemetry_config import DEFAULT_UPSTREAM
+    from controller.telemetry.config import DEFAULT_UPSTREAM
 
     for name in ("LUMIGO_ENDPOINT", "LUMIGO_LOGS_ENDPOINT", "KUBERNETES_CLUSTER_NAME"):
         monkeypatch.delenv(name, raising=False)

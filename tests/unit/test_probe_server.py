@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from controller.health import PROBE_OPTIONS, CheckFailed, ProbeServer
+from controller.runtime.health import PROBE_OPTIONS, CheckFailed, ProbeServer
 from localcluster import wait_until
 from tests.support.webhook_server import close_all, raise_fd_limit
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.telemetry_config import (
+from controller.telemetry.config import (
     COLLECTED_OBJECTS,
     MonitoredNamespace,
     ProxySettings,

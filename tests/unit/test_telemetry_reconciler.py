@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.telemetry_config import MonitoredNamespace, ProxySettings, render
-from controller.telemetry_reconciler import (
+from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
+from controller.telemetry.reconciler import (
     MAX_CONFIG_BYTES,
     ConfigTooLargeError,
     ProxyTarget,

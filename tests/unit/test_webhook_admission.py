@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook import admission
-from webhook.admission import (
+from webhook.admission import review as admission
+from webhook.admission.review import (
     AdmissionRequest,
     AdmissionResponse,
     BadRequest,

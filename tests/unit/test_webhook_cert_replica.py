@@ -7,9 +7,9 @@ import base64
 import datetime as dt
 from typing import Any
 
-from webhook import certs
-from webhook.cert_manager import SelfSignedCerts
-from webhook.tls import ServingTLS
+from webhook.admission import certs
+from webhook.admission.cert_manager import SelfSignedCerts
+from webhook.admission.tls import ServingTLS
 
 NAMESPACE = "lumigo-system"
 SECRET = "webhook-certs"

@@ -20,10 +20,10 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
-from webhook.cert_manager import FileCerts
-from webhook.certs import CertState
-from webhook.readiness import NotReady
-from webhook.tls import ServingTLS
+from webhook.admission.cert_manager import FileCerts
+from webhook.admission.certs import CertState
+from webhook.admission.readiness import NotReady
+from webhook.admission.tls import ServingTLS
 
 PATH = "/v1alpha1/inject"
 

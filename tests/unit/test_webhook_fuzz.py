@@ -17,11 +17,12 @@ from prometheus_client import REGISTRY
 from tests.support import fuzz, reviews, standin_handler
 from tests.support.webhook_server import client_context, new_pki, running
 from tests.unit.webhook_samples import RecordingRecorder, StaticLister, lumigo
+from webhook.admission.routing import Route
+from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
 from webhook.mutate_handler import MutateHandler
 from webhook.mutation import InjectionSettings
-from webhook.routing import Route, admission_routes
-from webhook.tls import ServingTLS
+from webhook.routes import admission_routes
 
 TOTAL = 10_000
 CLIENTS = 4

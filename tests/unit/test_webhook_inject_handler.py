@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from api import constants
-from webhook.admission import AdmissionResponse, BadRequest, parse_review
+from webhook.admission.jsonpatch import apply
+from webhook.admission.review import AdmissionResponse, BadRequest, parse_review
 from webhook.inject_handler import InjectHandler, oldest, settings_from_labels
-from webhook.jsonpatch import apply
 from webhook.mutation import InjectionSettings
 
 from .webhook_samples import (

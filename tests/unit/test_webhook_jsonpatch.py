@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.jsonpatch import (
+from webhook.admission.jsonpatch import (
     JsonPatchError,
     apply,
     copy_json,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, generate_latest
 
-from webhook import metrics
+from webhook.admission import metrics
+from webhook.inject_handler import INJECTIONS_TOTAL
 
 
 def test_metrics_have_the_controller_runtime_names_and_labels() -> None:
     metrics.REQUESTS_TOTAL.labels("/v1alpha1/inject", "200").inc()
     metrics.LATENCY_SECONDS.labels("/v1alpha1/inject").observe(0.002)
     metrics.REQUESTS_IN_FLIGHT.labels("/v1alpha1/inject").set(0)
-    metrics.INJECTIONS_TOTAL.labels("ns", "Deployment", "injected", "lumigo").inc()
+    INJECTIONS_TOTAL.labels("ns", "Deployment", "injected", "lumigo").inc()
     metrics.CERTIFICATE_EXPIRY.labels("serving").set(1_900_000_000)
     text = generate_latest(REGISTRY).decode()
     assert (

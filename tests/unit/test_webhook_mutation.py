@@ -14,7 +14,7 @@ import api
 from api import constants
 from api.lumigo import load_spec
 from webhook import mutation
-from webhook.jsonpatch import apply, diff, equal
+from webhook.admission.jsonpatch import apply, diff, equal
 from webhook.mutation import (
     CHAINED_LD_PRELOAD,
     InitContainerResources,

@@ -25,9 +25,9 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
-from webhook.admission import MESSAGE_LIMIT, QUOTE_LIMIT
-from webhook.server import AdmissionServer
-from webhook.tls import ServingTLS
+from webhook.admission.review import MESSAGE_LIMIT, QUOTE_LIMIT
+from webhook.admission.server import AdmissionServer
+from webhook.admission.tls import ServingTLS
 
 INJECT = "/v1alpha1/inject"
 LONG = "x" * 20_000

@@ -25,9 +25,9 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
-from webhook.readiness import NotReady
-from webhook.server import AdmissionServer, ServerOptions
-from webhook.tls import InvalidKeyPair, ServingTLS
+from webhook.admission.readiness import NotReady
+from webhook.admission.server import AdmissionServer, ServerOptions
+from webhook.admission.tls import InvalidKeyPair, ServingTLS
 
 PATH = "/v1alpha1/inject"
 ROUTES = {PATH: standin_handler.handle}

@@ -30,8 +30,8 @@ from tests.support.webhook_server import (
     tls_connections,
     tls_socket,
 )
-from webhook.server import ServerOptions
-from webhook.tls import ServingTLS
+from webhook.admission.server import ServerOptions
+from webhook.admission.tls import ServingTLS
 
 PATH = "/v1alpha1/inject"
 ROUTES = {PATH: standin_handler.handle}

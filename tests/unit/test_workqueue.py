@@ -25,13 +25,13 @@ from hypothesis.stateful import (
 )
 from prometheus_client import REGISTRY, generate_latest
 
-from controller import metrics
-from controller.ratelimit import (
+from controller.runtime import metrics
+from controller.runtime.ratelimit import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
     MaxOfRateLimiter,
 )
-from controller.workqueue import DelayingQueue, Queue, RateLimitingQueue
+from controller.runtime.workqueue import DelayingQueue, Queue, RateLimitingQueue
 
 DEADLINE = 30.0  # generous: the machine is small and shared; a pass never takes this long
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api import constants
-from webhook.admission import BadRequest, Handler, review
+from webhook.admission.review import BadRequest, Handler, review
 
-__all__ = ["BadRequest", "Route", "admission_routes", "route_for"]
+__all__ = ["BadRequest", "Route", "route_for"]
 
 Route = Callable[[bytes, str], bytes | Mapping[str, Any]]
 
@@ -26,8 +25,3 @@ def route_for(handler: Handler) -> Route:
         return review(handler, body, content_type)
 
     return route
-
-
-def admission_routes(inject: Handler, mutate: Handler) -> dict[str, Route]:
-    """The operator's two webhook paths."""
-    return {constants.INJECT_PATH: route_for(inject), constants.MUTATE_PATH: route_for(mutate)}

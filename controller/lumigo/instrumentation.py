@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from api import constants
-from api.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
-from controller.kube import KubeClient
-from webhook import events, jsonpatch, mutation
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
+from webhook import events, mutation
+from webhook.admission import jsonpatch
 
 log = logging.getLogger("lumigo.instrumentation")
 

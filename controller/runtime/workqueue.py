@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar, cast
 
-from controller import metrics
-from controller.ratelimit import Clock, RateLimiter, default_controller_rate_limiter
+from controller.runtime import metrics
+from controller.runtime.ratelimit import Clock, RateLimiter, default_controller_rate_limiter
 
 K = TypeVar("K", bound=Hashable)
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from api.resources import ApiError, Resource
-from controller.kube import KubeClient, WatchStream
-from controller.store import ObjectKey, Store, key_of
+from controller.runtime.kube import KubeClient, WatchStream
+from controller.runtime.resources import ApiError, Resource
+from controller.runtime.store import ObjectKey, Store, key_of
 
 log = logging.getLogger("lumigo.informer")
 

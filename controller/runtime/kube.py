@@ -25,8 +25,8 @@ import pykube
 import requests
 import tenacity
 
-from api.resources import ApiError, Resource
-from controller.metrics import REST_LATENCY, REST_REQUESTS
+from controller.runtime.metrics import REST_LATENCY, REST_REQUESTS
+from controller.runtime.resources import ApiError, Resource
 
 log = logging.getLogger("lumigo.kube")
 

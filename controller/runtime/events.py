@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from api.resources import EVENTS, WORKLOADS_BY_KIND, ApiError, Resource
-from controller.kube import KubeClient
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import EVENTS, WORKLOADS_BY_KIND, ApiError, Resource
 
 log = logging.getLogger("lumigo.events")
 

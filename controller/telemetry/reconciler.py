@@ -2,7 +2,7 @@
 
 A single-key, level-triggered loop: any relevant change to a Lumigo (and a periodic resync, for
 token rotations: the operator may GET Secrets but not watch them) recomputes the whole set of
-monitored namespaces, renders the configuration (`controller.telemetry_config`), writes it into a
+monitored namespaces, renders the configuration (`controller.telemetry.config`), writes it into a
 Secret (it holds tokens, so never a ConfigMap), and rolls the proxy Deployment by changing a
 pod-template annotation to the configuration's hash — only when the rendered text changed, so an
 unchanged set never restarts anything.
@@ -25,11 +25,11 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from api.lumigo import InvalidSpecError, load_spec
-from api.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
-from controller.informer import FuncHandler, Informer
-from controller.kube import KubeClient
-from controller.lumigo_status import is_active, secret_token, token_secret_problem
-from controller.telemetry_config import MonitoredNamespace, ProxySettings, render
+from controller.lumigo.status import is_active, secret_token, token_secret_problem
+from controller.runtime.informer import FuncHandler, Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
+from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
 
 log = logging.getLogger("lumigo.telemetry")
 

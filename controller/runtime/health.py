@@ -3,10 +3,10 @@
 Checks are named callables returning None when fine or raising (any exception = failing, its
 message is shown). `/healthz?verbose` and `/readyz?verbose` list every check like the API server.
 
-Served by the webhook's bounded server (`webhook.server.BoundedHTTPServer`, without TLS): idle
-connections are closed after a while, a request must arrive within a deadline, and the number of
-open connections is capped (the longest idle closed first), so idle or slow clients can neither
-pile up threads nor keep the kubelet's probes from being answered.
+Served by the webhook's bounded server (`webhook.admission.server.BoundedHTTPServer`, without
+TLS): idle connections are closed after a while, a request must arrive within a deadline, and the
+number of open connections is capped (the longest idle closed first), so idle or slow clients can
+neither pile up threads nor keep the kubelet's probes from being answered.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from webhook.server import BoundedHTTPServer, Request, Response, ServerOptions
+from webhook.admission.server import BoundedHTTPServer, Request, Response, ServerOptions
 
 log = logging.getLogger("lumigo.health")
 

@@ -28,17 +28,14 @@ from typing import Any
 
 from api import constants
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
-from api.resources import LUMIGOES, SECRETS, WORKLOADS, ApiError
-from controller import lumigo_status as st
-from controller.informer import Informer
-from controller.instrumentation import (
-    Instrumenter,
-    Target,
-    is_labelled_instrumented,
-)
-from controller.kube import KubeClient
-from controller.manager import Result
-from controller.store import ObjectKey
+from controller.lumigo import status as st
+from controller.lumigo.instrumentation import Instrumenter, Target, is_labelled_instrumented
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.informer import Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Result
+from controller.runtime.resources import SECRETS, WORKLOADS, ApiError
+from controller.runtime.store import ObjectKey
 from webhook import events, mutation
 from webhook.mutation import is_deployment_owned
 

@@ -20,9 +20,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from api.resources import LEASES, ApiError
-from controller.kube import KubeClient
-from controller.metrics import LEADER_STATUS
+from controller.runtime.kube import KubeClient
+from controller.runtime.metrics import LEADER_STATUS
+from controller.runtime.resources import LEASES, ApiError
 
 log = logging.getLogger("lumigo.leader")
 

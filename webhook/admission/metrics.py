@@ -2,14 +2,8 @@
 
 Names and labels follow controller-runtime, so dashboards and alerts written for Go operators
 keep working: the HTTPS server records the three `controller_runtime_webhook_*` series per route
-(`webhook` = the path, e.g. "/v1alpha1/inject"), the certificate manager sets the expiry gauge,
-and the inject handler counts its decisions in `lumigo_injections_total`:
-
-    result   injected | updated | unchanged | skipped | failed
-    reason   short machine-readable token, e.g. lumigo, label-opt-in, no-lumigo, not-active,
-             injection-disabled, opted-out, skip-next-injector, deployment-owned, windows-pod,
-             job-immutable, being-deleted, already-instrumented, list-error, invalid-settings,
-             internal-error
+(`webhook` = the path, e.g. "/v1alpha1/inject") and the certificate manager sets the expiry gauge.
+The inject handler's `lumigo_injections_total` is Lumigo's: `webhook.inject_handler`.
 """
 
 from __future__ import annotations
@@ -38,11 +32,6 @@ REQUESTS_IN_FLIGHT = Gauge(
     "controller_runtime_webhook_requests_in_flight",
     "Current number of admission requests being served.",
     ["webhook"],
-)
-INJECTIONS_TOTAL = Counter(
-    "lumigo_injections_total",
-    "Workload admissions seen by the injector webhook, by outcome and reason.",
-    ["namespace", "kind", "result", "reason"],
 )
 CERTIFICATE_EXPIRY = Gauge(
     "lumigo_webhook_certificate_expiry_timestamp_seconds",

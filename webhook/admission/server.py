@@ -53,11 +53,11 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
-from webhook.admission import MAX_BODY_BYTES, quote
-from webhook.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
-from webhook.readiness import NotReady
-from webhook.routing import BadRequest, Route
-from webhook.tls import ServingTLS
+from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
+from webhook.admission.readiness import NotReady
+from webhook.admission.review import MAX_BODY_BYTES, quote
+from webhook.admission.routing import BadRequest, Route
+from webhook.admission.tls import ServingTLS
 
 log = logging.getLogger("lumigo.webhook.server")
 

@@ -1,15 +1,19 @@
-"""Kubernetes resource descriptors and the single API error type.
+"""The Kubernetes API as the admission toolkit sees it: descriptors, the error, the verbs.
 
-They live in `api/` (pure, no I/O) so that `webhook/` can talk about Secrets, webhook
-configurations and workloads through a client it is handed, without importing `controller/`.
+`Resource` and `ApiError` are defined here, the lowest generic layer, because both the admission
+toolkit (the certificate manager talks about Secrets and webhook configurations) and the
+controller runtime use them, and `webhook/` never imports `controller/`;
+`controller.runtime.resources` re-exports them with the rest of the descriptors.
+`controller.runtime.kube.KubeClient` satisfies `KubeAPI`; objects implementing `EventHandler`
+can be registered with `controller.runtime.informer.Informer.add_handler`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from api import constants
+JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,8 @@ class Resource:
         return base
 
 
-NAMESPACES = Resource("v1", "Namespace", "namespaces", namespaced=False)
+# The kinds the certificate manager writes.
 SECRETS = Resource("v1", "Secret", "secrets")
-CONFIGMAPS = Resource("v1", "ConfigMap", "configmaps")
-EVENTS = Resource("v1", "Event", "events")
-PODS = Resource("v1", "Pod", "pods")
-SERVICES = Resource("v1", "Service", "services")
-LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
     "admissionregistration.k8s.io/v1",
     "MutatingWebhookConfiguration",
@@ -54,20 +53,6 @@ VALIDATING_WEBHOOK_CONFIGURATIONS = Resource(
     "validatingwebhookconfigurations",
     namespaced=False,
 )
-CUSTOM_RESOURCE_DEFINITIONS = Resource(
-    "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False
-)
-LUMIGOES = Resource(constants.API_VERSION, constants.KIND, constants.PLURAL)
-
-DAEMONSETS = Resource("apps/v1", "DaemonSet", "daemonsets")
-DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")
-REPLICASETS = Resource("apps/v1", "ReplicaSet", "replicasets")
-STATEFULSETS = Resource("apps/v1", "StatefulSet", "statefulsets")
-CRONJOBS = Resource("batch/v1", "CronJob", "cronjobs")
-JOBS = Resource("batch/v1", "Job", "jobs")
-# The six workload kinds, in the reference's order (status listing, injection passes).
-WORKLOADS = (DAEMONSETS, DEPLOYMENTS, REPLICASETS, STATEFULSETS, CRONJOBS, JOBS)
-WORKLOADS_BY_KIND = {r.kind: r for r in WORKLOADS}
 
 
 class ApiError(Exception):
@@ -108,3 +93,40 @@ class ApiError(Exception):
     def retryable(self) -> bool:
         """Worth retrying with backoff: throttled, server-side trouble, or no response at all."""
         return self.code in (0, 429) or self.code >= 500
+
+
+class KubeAPI(Protocol):
+    """The few Kubernetes verbs the certificate manager uses; errors are `ApiError`."""
+
+    def get_or_none(
+        self, resource: Resource, name: str, namespace: str | None = None
+    ) -> JSON | None: ...
+
+    def create(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON: ...
+
+    def replace(
+        self,
+        resource: Resource,
+        body: JSON,
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> JSON: ...
+
+    def json_patch(
+        self,
+        resource: Resource,
+        name: str,
+        ops: list[JSON],
+        namespace: str | None = None,
+        subresource: str | None = None,
+    ) -> JSON: ...
+
+
+class EventHandler(Protocol):
+    """Told about changes to watched objects (called on the watch thread: keep it quick)."""
+
+    def on_add(self, obj: JSON) -> None: ...
+
+    def on_update(self, old: JSON, new: JSON) -> None: ...
+
+    def on_delete(self, obj: JSON) -> None: ...

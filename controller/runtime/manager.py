@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.resources import ApiError, Resource
-from controller.health import CheckFailed, ProbeServer
-from controller.informer import FuncHandler, Informer, Transform
-from controller.kube import KubeClient
-from controller.leader import LeaderElector
-from controller.logs import log_context
-from controller.metrics import (
+from controller.runtime.health import CheckFailed, ProbeServer
+from controller.runtime.informer import FuncHandler, Informer, Transform
+from controller.runtime.kube import KubeClient
+from controller.runtime.leader import LeaderElector
+from controller.runtime.logs import log_context
+from controller.runtime.metrics import (
     ACTIVE_WORKERS,
     MAX_CONCURRENT,
     RECONCILE_ERRORS,
@@ -34,9 +33,10 @@ from controller.metrics import (
     RECONCILE_TOTAL,
     TERMINAL_ERRORS,
 )
-from controller.ratelimit import default_controller_rate_limiter
-from controller.store import ObjectKey, key_of
-from controller.workqueue import RateLimitingQueue
+from controller.runtime.ratelimit import default_controller_rate_limiter
+from controller.runtime.resources import ApiError, Resource
+from controller.runtime.store import ObjectKey, key_of
+from controller.runtime.workqueue import RateLimitingQueue
 
 log = logging.getLogger("lumigo.manager")
 

@@ -44,18 +44,19 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.verification import VerificationError
 
-from api.resources import (
+from webhook.admission import certs
+from webhook.admission.kubeapi import (
+    JSON,
     MUTATING_WEBHOOK_CONFIGURATIONS,
     SECRETS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,
     ApiError,
+    KubeAPI,
     Resource,
 )
-from webhook import certs
-from webhook.kubeapi import JSON, KubeAPI
-from webhook.metrics import CERTIFICATE_EXPIRY
-from webhook.readiness import NotReady
-from webhook.tls import InvalidKeyPair, ServingTLS
+from webhook.admission.metrics import CERTIFICATE_EXPIRY
+from webhook.admission.readiness import NotReady
+from webhook.admission.tls import InvalidKeyPair, ServingTLS
 
 log = logging.getLogger("lumigo.webhook.certs")
 

@@ -17,10 +17,11 @@ from typing import Any
 
 from api import constants
 from api.lumigo import InvalidSpecError, load_spec
-from api.resources import LUMIGOES, WORKLOADS, ApiError
-from controller import lumigo_status as st
-from controller.instrumentation import Instrumenter, Target, is_labelled_instrumented
-from controller.kube import KubeClient
+from controller.lumigo import status as st
+from controller.lumigo.instrumentation import Instrumenter, Target, is_labelled_instrumented
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import WORKLOADS, ApiError
 from webhook.events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER, controller_trigger
 from webhook.mutation import is_deployment_owned
 

@@ -1,0 +1,1 @@
+"""The `Lumigo` controller: reconciler, status, instrumentation of workloads, uninstall."""

@@ -1,0 +1,1 @@
+"""The telemetry proxy: its collector configuration and the reconciler that keeps it current."""
