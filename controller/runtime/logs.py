@@ -2,7 +2,9 @@
 
 Every line is one JSON object: ts, level, logger, msg, the context fields bound with
 `log_context(...)` on the current thread, and any `extra={...}` fields. Nothing else is added,
-so what reaches a log line is always explicit (tokens are never passed to a logger).
+so what reaches a log line is always explicit (tokens are never passed to a logger). An attached
+exception goes to `stacktrace`, as zap does for controller-runtime; `error` stays the message
+(the caller's `extra={"error": ...}`, else the exception's last line).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import sys
+import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,7 +53,9 @@ class JSONFormatter(logging.Formatter):
             if key not in _STANDARD and not key.startswith("_"):
                 line[key] = value
         if record.exc_info:
-            line["error"] = self.formatException(record.exc_info)
+            line["stacktrace"] = self.formatException(record.exc_info)
+            if "error" not in line and record.exc_info[1] is not None:
+                line["error"] = traceback.format_exception_only(record.exc_info[1])[-1].strip()
         return json.dumps(line, default=str)
 
 

@@ -58,3 +58,22 @@ def test_no_log_call_overwrites_a_logrecord_attribute() -> None:
                             if isinstance(k, ast.Constant) and k.value in reserved
                         ]
     assert offenders == []
+
+
+def test_an_attached_traceback_keeps_the_error_message() -> None:
+    """`extra={"error": ...}` with `exc_info` keeps both: the message and, apart, the traceback."""
+    stream = io.StringIO()
+    setup_logging("info", stream)
+    log = logging.getLogger("lumigo.test")
+    try:
+        raise OSError("disk full")
+    except OSError as err:
+        log.warning("writing failed", extra={"error": f"cannot write: {err}"}, exc_info=True)
+        log.exception("without an error field")
+    logging.getLogger().handlers.clear()
+    given, derived = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert given["error"] == "cannot write: disk full"
+    assert "Traceback" in given["stacktrace"]
+    assert "OSError: disk full" in given["stacktrace"]
+    assert derived["error"] == "OSError: disk full"
+    assert "Traceback" in derived["stacktrace"]
