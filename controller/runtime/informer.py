@@ -170,7 +170,12 @@ class Informer:
 
     # -- lifecycle --------------------------------------------------------------------------------
     def add_handler(self, handler: EventHandler) -> None:
-        """Register a handler; if the cache is already synced it first gets an add per object."""
+        """Register a handler; if the cache is already synced it first gets an add per object.
+
+        The watch thread changes the store and copies the handler list in one step under the
+        same lock, so a handler added meanwhile either is in that copy or finds the object in
+        the store: it never misses one.
+        """
         with self._handlers_lock:
             self._handlers.append(handler)
             if self._synced.is_set():
@@ -251,11 +256,11 @@ class Informer:
             limit=100 if self.transform else 500,
             transform=self._prepare,
         )
-        upserts, vanished = self.store.replace(objs)
+        with self._handlers_lock:  # store, then hand out: see add_handler
+            upserts, vanished = self.store.replace(objs)
+            handlers = list(self._handlers)
         self._resource_version = resource_version
         self.relists += 1
-        with self._handlers_lock:
-            handlers = list(self._handlers)
         for obj in vanished:  # deleted while we were not watching (DeletedFinalStateUnknown)
             for h in handlers:
                 self._call(h.on_delete, obj)
@@ -288,17 +293,19 @@ class Informer:
                 self._resource_version = rv or self._resource_version
                 continue
             obj = self._prepare(raw)
-            with self._handlers_lock:
-                handlers = list(self._handlers)
             if kind in ("ADDED", "MODIFIED"):
-                old = self.store.upsert(obj)
+                with self._handlers_lock:  # store, then hand out: see add_handler
+                    old = self.store.upsert(obj)
+                    handlers = list(self._handlers)
                 for h in handlers:
                     if old is None:
                         self._call(h.on_add, obj)
                     else:
                         self._call(h.on_update, old, obj)
             elif kind == "DELETED":
-                old = self.store.delete(key_of(obj))
+                with self._handlers_lock:
+                    old = self.store.delete(key_of(obj))
+                    handlers = list(self._handlers)
                 for h in handlers:
                     self._call(h.on_delete, old or obj)
             if rv:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pykube
@@ -13,6 +13,7 @@ import pytest
 from controller.runtime.informer import FuncHandler, Informer, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS
+from controller.runtime.store import Store
 from localcluster import LocalCluster, wait_until
 from tests.support.tcpproxy import TCPProxy
 
@@ -196,3 +197,35 @@ def test_a_dead_informer_thread_is_reported_unhealthy(kube: KubeClient) -> None:
     assert not broken.healthy()  # never started
     broken.start()
     wait_until(lambda: not broken.healthy(), 10, "the dead thread to be noticed")
+
+
+class RacingStore(Store):
+    """Lets another thread register a handler just before the watch event for `name` is stored.
+
+    That is the window a handler added at run time can fall into; the thread is given a bounded
+    wait (it blocks for as long as the informer keeps "store, then hand out" atomic).
+    """
+
+    def __init__(self, name: str, register: Callable[[], None]) -> None:
+        super().__init__()
+        self.name, self.register = name, register
+
+    def upsert(self, obj: JSON) -> JSON | None:
+        if obj["metadata"]["name"] == self.name and self.name:
+            self.name = ""
+            racer = threading.Thread(target=self.register)
+            racer.start()
+            racer.join(2)
+        return super().upsert(obj)
+
+
+def test_a_handler_added_while_an_event_is_applied_hears_about_that_object(
+    kube: KubeClient, namespace: str, informers: list[Informer]
+) -> None:
+    late = Recorder()
+    informer = Informer(kube, CONFIGMAPS, namespace=namespace)
+    informer.store = RacingStore("late", lambda: informer.add_handler(late.handler()))
+    start(informers, informer)
+    kube.create(CONFIGMAPS, cm("late"), namespace)
+    wait_until(lambda: informer.get(namespace, "late") is not None, 30, "the watch event")
+    wait_until(lambda: late.saw("late", "add"), 10, "the late handler to hear about it")
