@@ -279,7 +279,12 @@ class LocalCluster:
     """etcd + kube-apiserver (+ controller-manager, scheduler, kwok in full mode)."""
 
     def __init__(
-        self, workdir: Path | None = None, full: bool = False, *, audit: bool = False
+        self,
+        workdir: Path | None = None,
+        full: bool = False,
+        *,
+        audit: bool = False,
+        service_accounts: bool = False,
     ) -> None:
         self._own_workdir = workdir is None
         if workdir is None:
@@ -289,6 +294,10 @@ class LocalCluster:
         self.full = False
         self._want_full = full
         self.audit = audit
+        # The ServiceAccount admission plugin mounts a token into every pod: what an operator pod
+        # on a real node needs. Off by default: with it, the API server rejects a pod created
+        # before its namespace's `default` ServiceAccount exists, and kwok pods need no token.
+        self.service_accounts = service_accounts
         self.etcd_port = free_port()
         self.apiserver_port = free_port()
         self.processes: dict[str, Process] = {}
@@ -488,7 +497,7 @@ class LocalCluster:
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
                 "--authorization-mode=RBAC",
-                "--disable-admission-plugins=ServiceAccount",
+                *([] if self.service_accounts else ["--disable-admission-plugins=ServiceAccount"]),
                 f"--service-account-issuer=https://127.0.0.1:{self.apiserver_port}/",
                 f"--service-account-key-file={pki['sa'].cert}",
                 f"--service-account-signing-key-file={pki['sa'].key}",

@@ -1,0 +1,175 @@
+"""The product on the real node: how long tracing takes to reach existing apps, what injection
+adds to a pod's start, and how many bytes the init container copies. Printed, never asserted.
+
+Installs the chart with the images built here (tests/node/product.py: its own cluster with pod
+tokens, a real node, an OTLP sink on the node's bridge address), then:
+
+1. activation: N Flask Deployments run untraced; `kubectl apply` of the README's Lumigo; time
+   until every Deployment's pod is a Ready instrumented pod and has delivered its first span
+   (requests are sent to each new pod as soon as it is Ready; p50 and max over the N);
+2. pod start overhead: the same Flask pod created R times in an untraced and in a traced
+   namespace, create -> Ready (p50), with the init container's copy time (its started ->
+   finished) and the app container's started -> Ready (tracer start-up included when traced);
+3. bytes copied per pod start: `du -sb /opt/lumigo` in a traced pod.
+
+    .venv/bin/python bench/product_node.py [--deployments 20] [--repeat 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "hack"))
+
+from localcluster import wait_until  # noqa: E402
+from tests.node.product import (  # noqa: E402
+    Product,
+    deployment,
+    http_get,
+    installed_product,
+    readme_yaml,
+    rolled_out,
+)
+
+JSON = dict[str, Any]
+
+
+class _NoSharedNode:
+    """installed_product releases the test tier's shared node; a benchmark has none."""
+
+    def release(self) -> None:
+        pass
+
+
+def ts(value: str) -> float:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def ready_time(pod: JSON) -> float:
+    cond = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    return ts(cond["lastTransitionTime"])
+
+
+def activation(product: Product, count: int) -> dict[str, float]:
+    ns = product.new_namespace(f"bench-{uuid.uuid4().hex[:6]}")
+    names = [f"app-{i}" for i in range(count)]
+    for name in names:
+        obj = deployment(name, product.images["python-app"])
+        product.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+    for name in names:
+        rolled_out(product, ns, name, timeout=600)
+    token = f"t_{uuid.uuid4().hex[:21]}"
+    start = time.time()
+    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(token))
+    done: dict[str, float] = {}
+    deadline = time.monotonic() + 900
+    while len(done) < count and time.monotonic() < deadline:
+        seen = {s.resource.get("k8s.pod.name") for s in product.sink.spans()}
+        for name in names:
+            if name in done:
+                continue
+            pods = product.pods(ns, f"app={name}")
+            if len(pods) != 1 or not pods[0]["spec"].get("initContainers"):
+                continue
+            pod = pods[0]
+            if not any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in pod["status"].get("conditions", [])
+            ):
+                continue
+            if pod["metadata"]["name"] in seen:
+                done[name] = time.time() - start
+                continue
+            with contextlib.suppress(AssertionError):
+                http_get(product, ns, pod["metadata"]["name"], "/", timeout=5)
+        time.sleep(0.5)
+    values = sorted(done.values())
+    return {
+        "deployments": count,
+        "traced": len(values),
+        "p50_s": statistics.median(values) if values else float("nan"),
+        "max_s": values[-1] if values else float("nan"),
+    }
+
+
+def pod_starts(product: Product, ns: str, repeat: int) -> dict[str, float]:
+    totals, copies, app_to_ready = [], [], []
+    for i in range(repeat):
+        name = f"start-{i}"
+        # A Deployment, as users run apps: the webhook instruments workloads, never bare pods.
+        obj = deployment(name, product.images["python-app"])
+        created = time.time()
+        product.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(obj))
+        while True:
+            pods = product.pods(ns, f"app={name}")
+            got = pods[0] if pods else {}
+            conds = got.get("status", {}).get("conditions", [])
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                break
+            time.sleep(0.1)
+        totals.append(time.time() - created)
+        app = got["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
+        app_to_ready.append(ready_time(got) - ts(app))
+        for init in got["status"].get("initContainerStatuses", []):
+            term = init["state"]["terminated"]
+            copies.append(ts(term["finishedAt"]) - ts(term["startedAt"]))
+        product.kubectl("delete", "deployment", name, "-n", ns, "--wait=false")
+    return {
+        "create_to_ready_p50_s": statistics.median(totals),
+        "app_started_to_ready_p50_s": statistics.median(app_to_ready),
+        "init_copy_p50_s": statistics.median(copies) if copies else 0.0,
+        "injected_pods": len(copies),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deployments", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=10)
+    args = parser.parse_args()
+    results: JSON = {}
+    generator = installed_product(_NoSharedNode())  # type: ignore[arg-type]  # duck-typed
+    product = next(generator)
+    try:
+        results["activation"] = activation(product, args.deployments)
+        plain = product.new_namespace("bench-plain")
+        results["untraced"] = pod_starts(product, plain, args.repeat)
+        traced = product.new_namespace("bench-traced")
+        token = f"t_{uuid.uuid4().hex[:21]}"
+        product.kubectl("apply", "-n", traced, "-f", "-", input=readme_yaml(token))
+        wait_until(
+            lambda: "True" in product.kubectl(
+                "get", "lumigo", "lumigo", "-n", traced,
+                "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}",
+            ),
+            60, "the Lumigo Active",
+        )  # fmt: skip
+        results["traced"] = pod_starts(product, traced, args.repeat)
+        probe = deployment("bytes", product.images["python-app"])
+        product.kubectl("apply", "-n", traced, "-f", "-", input=json.dumps(probe))
+        pod = rolled_out(product, traced, "bytes")
+        du = product.kubectl(
+            "exec", "-n", traced, pod["metadata"]["name"], "--", "du", "-sb", "/opt/lumigo"
+        )
+        results["bytes_copied_per_pod"] = int(du.split()[0])
+    finally:
+        generator.close()
+    print(json.dumps(results, indent=2))
+    out = ROOT / "bench" / "results" / "product_node.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""The product as a user installs it, on the real node: the chart with the images this project
+builds, an OTLP sink the telemetry proxy forwards to, and the test apps as Deployments.
+
+The node tier's shared cluster runs without the ServiceAccount admission plugin (no pod token),
+so an operator pod could not reach the API server there: `installed_product` starts a cluster of
+its own with `service_accounts=True` and a node on it (only one local node runs per machine, so
+it releases the tier's shared node first; the next test that needs that one starts it again).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localcluster import FAKE_NODE, LocalCluster, wait_until
+from localnode import LocalNode
+from tests.e2e.packaging_support import CHART, HelmRelease, get_json
+from tests.node.conftest import NodeHolder
+from tests.node.pods import wait_pod
+from tests.support.otel import OTLPSink
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "build" / "images" / "manifest.json"
+BUILD_IMAGES = ROOT / "hack" / "build-images"
+SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"
+SAMPLE_TOKEN = "t_123456789012345678901"
+RELEASE, OPERATOR_NS = "lumigo", "lumigo-system"  # the seed README's names
+CLUSTER_NAME = "node-e2e"
+IMAGES = ("operator", "autotrace", "telemetry-proxy", "python-app", "node-app", "musl-app")
+JSON = dict[str, Any]
+
+
+def built_images() -> dict[str, JSON]:
+    """Build what changed (`make images`; a warm run only hashes inputs): name -> manifest entry
+    (`ref`, `tar`). The operator image is built from the working tree, as a release would be."""
+    proc = subprocess.run(
+        [sys.executable, str(BUILD_IMAGES), *IMAGES], capture_output=True, text=True, cwd=ROOT
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise AssertionError(f"hack/build-images failed:\n{tail}")
+    images = json.loads(MANIFEST.read_text())["images"]
+    return {name: dict(images[name]) for name in IMAGES}
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    repository, _, tag = ref.rpartition(":")
+    return repository, tag
+
+
+def node_sink(address: str) -> OTLPSink:
+    """The tests' OTLPSink, listening on the node's bridge address instead of loopback: the
+    proxy pod reaches the node itself (INPUT), never anything off the machine."""
+    sink = OTLPSink()
+    handler = sink._server.RequestHandlerClass
+    sink._server.server_close()
+    sink._server = http.server.ThreadingHTTPServer((address, 0), handler)
+    sink._server.daemon_threads = True
+    sink.port = int(sink._server.server_address[1])
+    sink._thread = threading.Thread(target=sink._server.serve_forever, daemon=True)
+    return sink.start()
+
+
+@dataclass
+class Product:
+    """A Helm release of the chart on a real node, forwarding to `sink`."""
+
+    cluster: LocalCluster
+    node: LocalNode
+    release: HelmRelease
+    sink: OTLPSink
+    images: dict[str, str]
+
+    @property
+    def sink_url(self) -> str:
+        return f"http://{self.node.node_ip}:{self.sink.port}"
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        return self.cluster.kubectl(*args, input=input, check=check)
+
+    def pods(self, namespace: str, selector: str) -> list[JSON]:
+        items = get_json(self.cluster, "pods", "-n", namespace, "-l", selector)["items"]
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+    def new_namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        """A namespace whose `default` ServiceAccount exists (the admission plugin rejects a
+        pod before it does)."""
+        self.kubectl("create", "namespace", name)
+        for key, value in (labels or {}).items():
+            self.kubectl("label", "namespace", name, f"{key}={value}")
+        wait_until(
+            lambda: bool(self.kubectl("get", "sa", "default", "-n", name, check=False).strip()),
+            60,
+            f"the default ServiceAccount of {name}",
+        )
+        return name
+
+
+def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
+    """`--set` flags: our images, never pulled (pull policy Never), upstream = the sink."""
+    flags: list[str] = []
+    for key, name in (
+        ("controllerManager.manager.image", "operator"),
+        ("injectorWebhook.lumigoInjector.image", "autotrace"),
+        ("telemetryProxy.image", "telemetry-proxy"),
+    ):
+        repository, tag = split_ref(images[name])
+        flags += ["--set", f"{key}.repository={repository}", "--set", f"{key}.tag={tag}"]
+        flags += ["--set", f"{key}.pullPolicy=Never"]
+    # logs_url with its path: the operator passes it to the collector as `logs_endpoint`, a full
+    # URL (the chart's default, the bare host, would post events to "/": reported on issue 13).
+    flags += ["--set", f"endpoint.otlp.url={sink_url}"]
+    flags += ["--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs"]
+    flags += ["--set", f"cluster.name={CLUSTER_NAME}"]
+    return flags
+
+
+def installed_product(holder: NodeHolder) -> Generator[Product]:
+    """Cluster (with pod tokens) + node + images + sink + `helm install`; all gone afterwards."""
+    built = built_images()
+    images = {name: str(entry["ref"]) for name, entry in built.items()}
+    holder.release()
+    with LocalCluster(full=True, service_accounts=True) as cluster:
+        cluster.kubectl("cordon", FAKE_NODE)
+        with LocalNode(cluster) as node:
+            for entry in built.values():
+                node.import_image(Path(entry["tar"]))
+            sink = node_sink(node.node_ip)
+            release = HelmRelease(cluster, RELEASE, OPERATOR_NS)
+            product = Product(cluster, node, release, sink, images)
+            try:
+                release.install("--create-namespace", *helm_values(images, product.sink_url))
+                yield product
+            finally:
+                sink.stop()
+
+
+def deployment(name: str, image: str, **pod_spec: Any) -> JSON:
+    """A Deployment of one of the test app images (they answer /healthz, / and /call on $PORT)."""
+    container: JSON = {
+        "name": "app",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "env": [{"name": "PORT", "value": "8080"}],
+        "ports": [{"containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [container],
+                    "terminationGracePeriodSeconds": 1,
+                    **pod_spec,
+                },
+            },
+        },
+    }
+
+
+def rolled_out(product: Product, namespace: str, name: str, timeout: float = 180) -> JSON:
+    """Wait until the Deployment's newest pods are all Ready and the old ones gone; its one pod."""
+
+    def done() -> bool:
+        obj = get_json(product.cluster, "deployment", name, "-n", namespace)
+        status, spec = obj.get("status", {}), obj["spec"]
+        pods = product.pods(namespace, f"app={name}")
+        return bool(
+            status.get("observedGeneration") == obj["metadata"]["generation"]
+            and status.get("updatedReplicas") == spec["replicas"]
+            and status.get("readyReplicas") == spec["replicas"]
+            and status.get("replicas") == spec["replicas"]
+            and len(pods) == spec["replicas"]
+        )
+
+    try:
+        wait_until(done, timeout, f"deployment {namespace}/{name} rolled out")
+    except Exception:
+        for pod in product.pods(namespace, f"app={name}"):
+            wait_pod(product.cluster, namespace, pod["metadata"]["name"], ready=True, timeout=1)
+        raise
+    return product.pods(namespace, f"app={name}")[0]
+
+
+def http_get(
+    product: Product, namespace: str, pod: str, path: str, *, timeout: float = 60, port: int = 8080
+) -> str:
+    """GET a path of the app in `pod` from the node (it reaches pod IPs directly); retried until
+    it answers 200 (a first request on a busy 2-core machine can take seconds)."""
+    ip = get_json(product.cluster, "pod", pod, "-n", namespace)["status"]["podIP"]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{port}{path}", timeout=15) as resp:
+                return str(resp.read().decode())
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{namespace}/{pod} {path} never answered: {err}") from err
+            time.sleep(0.5)
+
+
+def readme_yaml(token: str) -> str:
+    """The seed README's Secret + Lumigo (config/samples), with the token replaced."""
+    text = SAMPLE.read_text()
+    assert text.count(SAMPLE_TOKEN + " #") == 1
+    return text.replace(SAMPLE_TOKEN + " #", token + " #")
+
+
+def wait_for(check: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    """Poll `check` until it returns something truthy; that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def decode(secret: JSON, key: str) -> bytes:
+    return base64.b64decode(secret["data"][key])
+
+
+__all__ = ["CHART", "Product"]

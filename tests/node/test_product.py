@@ -1,0 +1,564 @@
+"""The product end to end on the real node (issue 13): `helm install` of the images this project
+builds, the seed README's Secret + Lumigo in a namespace running a Flask and an Express app, real
+spans through the telemetry proxy pod to an OTLP sink, and the way back when the Lumigo goes.
+
+One install serves the module (tests/node/product.py). The `shop` tests run in file order, each
+building on the previous one's state as a user's session would (install, README flow, events,
+then removal last); the pod variants use namespaces of their own. The sink listens on the node's
+bridge address: the proxy pod reaches the node, never anything off the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from localcluster import wait_until
+from tests.e2e.packaging_support import deployment_available, get_json
+from tests.node.conftest import NodeHolder
+from tests.node.pods import BUSYBOX_IMAGE
+from tests.node.product import (
+    CLUSTER_NAME,
+    OPERATOR_NS,
+    Product,
+    decode,
+    deployment,
+    http_get,
+    installed_product,
+    readme_yaml,
+    rolled_out,
+    wait_for,
+)
+from tests.support.otel import LogSeen
+
+JSON = dict[str, Any]
+APPS_NS = "shop"
+TOKEN = f"t_{uuid.uuid4().hex[:21]}"
+BARRIER_TOKEN = f"t_{uuid.uuid4().hex[:21]}"
+APPS = {"flask": "python-app", "express": "node-app"}
+
+
+@pytest.fixture(scope="module")
+def product(node_holder: NodeHolder) -> Iterator[Product]:
+    yield from installed_product(node_holder)
+
+
+@pytest.fixture(scope="module")
+def original_specs(product: Product) -> dict[str, JSON]:
+    """The traced namespace with the two apps running before any Lumigo exists."""
+    product.new_namespace(APPS_NS)
+    specs = {}
+    for name, image in APPS.items():
+        product.kubectl(
+            "apply", "-n", APPS_NS, "-f", "-",
+            input=json.dumps(deployment(name, product.images[image])),
+        )  # fmt: skip
+    for name in APPS:
+        pod = rolled_out(product, APPS_NS, name)
+        assert not pod["spec"].get("initContainers")
+        specs[name] = get_json(product.cluster, "deployment", name, "-n", APPS_NS)["spec"][
+            "template"
+        ]
+    return specs
+
+
+def full(product: Product) -> str:
+    return product.release.fullname
+
+
+def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls_the_webhooks(
+    product: Product,
+) -> None:
+    fullname = full(product)
+    # Operator: Ready through its own probes, on the real node, with the image built here.
+    assert deployment_available(product.cluster, OPERATOR_NS, f"{fullname}-controller-manager")
+    (manager,) = product.pods(OPERATOR_NS, "control-plane=controller-manager")
+    assert manager["spec"]["nodeName"] == product.node.name
+    container = manager["spec"]["containers"][0]
+    assert container["image"] == product.images["operator"]
+    assert container["imagePullPolicy"] == "Never"
+    assert {"livenessProbe", "readinessProbe"} <= set(container)
+    assert manager["status"]["containerStatuses"][0]["ready"]
+    # It has a ServiceAccount token (the cluster's ServiceAccount admission plugin is on).
+    mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+
+    # The telemetry proxy: Ready, on the node, with our collector image.
+    wait_until(
+        lambda: deployment_available(product.cluster, OPERATOR_NS, f"{fullname}-telemetry-proxy"),
+        120,
+        "the telemetry proxy Available",
+    )
+    proxy_pods = [
+        p
+        for p in get_json(product.cluster, "pods", "-n", OPERATOR_NS)["items"]
+        if p["metadata"]["name"].startswith(f"{fullname}-telemetry-proxy")
+    ]
+    assert proxy_pods
+    assert all(
+        p["spec"]["containers"][0]["image"] == product.images["telemetry-proxy"] for p in proxy_pods
+    )
+
+    # The webhooks name the Service (no url:) and trust the CA the operator made itself.
+    secret = get_json(
+        product.cluster, "secret", f"{fullname}-lumigo-injector-webhook-certs", "-n", OPERATOR_NS
+    )
+    ca = decode(secret, "ca.crt")
+    configs = get_json(product.cluster, "mutatingwebhookconfigurations", "-l",
+                       f"app.kubernetes.io/instance={product.release.name}")["items"]  # fmt: skip
+    assert len(configs) == 2
+    for config in configs:
+        (hook,) = config["webhooks"]
+        client = hook["clientConfig"]
+        assert "url" not in client
+        assert client["service"]["name"] == f"{fullname}-webhooks-service"
+        assert client["service"]["namespace"] == OPERATOR_NS
+        bundle = wait_for(
+            lambda c=config: get_json(
+                product.cluster, "mutatingwebhookconfiguration", c["metadata"]["name"]
+            )["webhooks"][0]["clientConfig"].get("caBundle"),
+            60,
+            "the caBundle written by the operator",
+        )
+        assert ca.strip() in decode({"data": {"b": bundle}}, "b")
+
+    # The API server calls both through the Service's ClusterIP: the defaulter (failurePolicy
+    # Fail) admits a Lumigo, and the injector mutates a Deployment.
+    ns = product.new_namespace("webhook-check")
+    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(TOKEN))
+    created = product.kubectl(
+        "apply", "-n", ns, "-o", "json", "-f", "-",
+        input=json.dumps(deployment("probe", product.images["python-app"])),
+    )  # fmt: skip
+    spec = json.loads(created)["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec.get("initContainers", [])] == ["lumigo-injector"]
+    assert spec["initContainers"][0]["image"] == product.images["autotrace"]
+    product.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
+    product: Product, original_specs: dict[str, JSON]
+) -> None:
+    before = {name: product.pods(APPS_NS, f"app={name}")[0]["metadata"]["name"] for name in APPS}
+    product.kubectl("apply", "-n", APPS_NS, "-f", "-", input=readme_yaml(TOKEN))
+
+    for name in APPS:
+        # The pods roll: a new pod that ran the lumigo-injector init container to exit 0.
+        def new_pod(n: str = name) -> JSON | None:
+            pods = product.pods(APPS_NS, f"app={n}")
+            if len(pods) == 1 and pods[0]["metadata"]["name"] != before[n]:
+                return pods[0]
+            return None
+
+        wait_for(new_pod, 180, f"a new pod of {name}")
+        pod = rolled_out(product, APPS_NS, name)
+        (init,) = pod["status"]["initContainerStatuses"]
+        assert init["name"] == "lumigo-injector"
+        assert init["state"]["terminated"]["exitCode"] == 0
+        assert init["image"].endswith(product.images["autotrace"].rpartition(":")[2])
+
+    pods = {name: product.pods(APPS_NS, f"app={name}")[0] for name in APPS}
+    for pod in pods.values():
+        pod_name = pod["metadata"]["name"]
+        http_get(product, APPS_NS, pod_name, "/healthz")  # raises unless 200
+
+    def spans_of(pod_name: str) -> list[Any]:
+        return [s for s in product.sink.spans() if s.resource.get("k8s.pod.name") == pod_name]
+
+    for name, pod in pods.items():
+        pod_name = pod["metadata"]["name"]
+
+        def traced(p: str = pod_name) -> list[Any]:
+            http_get(product, APPS_NS, p, "/")
+            return spans_of(p)
+
+        spans = wait_for(traced, 180, f"spans of {name} at the sink", interval=2)
+        span = spans[0]
+        assert span.authorization == f"LumigoToken {TOKEN}"
+        resource = span.resource
+        assert resource.get("service.name"), resource
+        assert resource["k8s.namespace.name"] == APPS_NS
+        assert resource["k8s.deployment.name"] == name
+        assert resource["k8s.node.name"] == product.node.name
+        assert resource["k8s.cluster.name"] == CLUSTER_NAME
+
+
+def the_object(record: LogSeen) -> JSON:
+    """The Kubernetes object a k8s_objects/k8s event record carries (watch events wrap it)."""
+    body = record.body if isinstance(record.body, dict) else {}
+    obj = body.get("object", body)
+    return obj if isinstance(obj, dict) else {}
+
+
+def records_of(product: Product, namespace: str, kind: str, name: str | None = None) -> list[Any]:
+    return [
+        r
+        for r in product.sink.logs()
+        if the_object(r).get("kind") == kind
+        and (the_object(r).get("metadata") or {}).get("namespace") == namespace
+        and (name is None or the_object(r)["metadata"].get("name") == name)
+    ]
+
+
+def test_the_namespace_events_and_objects_reach_the_sink_with_its_token(
+    product: Product, original_specs: dict[str, JSON]
+) -> None:
+    # The README's Lumigo (applied by the previous test) enables Kubernetes events by default.
+    deployments = wait_for(
+        lambda: records_of(product, APPS_NS, "Deployment", "flask"),
+        120,
+        "the flask Deployment as an OTLP log record",
+    )
+    events = wait_for(
+        lambda: records_of(product, APPS_NS, "Event"), 120, "an Event of the namespace"
+    )
+    for record in deployments + events:
+        assert record.authorization == f"LumigoToken {TOKEN}"
+    # Nothing of the operator's namespace (no Lumigo there) is collected.
+    assert not [r for r in product.sink.logs() if the_object(r).get("metadata", {}).get(
+        "namespace") == OPERATOR_NS]  # fmt: skip
+
+
+# --- pods that must stay healthy and traced (issue 13, item 4) ---------------------------------
+
+VARIANTS_NS = "variants"
+STRICT_NS = "strict"
+PER_CONTAINER_RESTRICTED = {
+    "runAsNonRoot": True,
+    "runAsUser": 1500,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+@pytest.fixture(scope="module")
+def variants_ns(product: Product) -> str:
+    """A traced namespace (the README's Lumigo) for the variants, created before them."""
+    product.new_namespace(VARIANTS_NS)
+    product.kubectl("apply", "-n", VARIANTS_NS, "-f", "-", input=readme_yaml(TOKEN))
+    wait_until(
+        lambda: "True" in product.kubectl(
+            "get", "lumigo", "lumigo", "-n", VARIANTS_NS,
+            "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}",
+        ),
+        60, "the Lumigo Active",
+    )  # fmt: skip
+    return VARIANTS_NS
+
+
+def run_variant(product: Product, namespace: str, obj: JSON) -> JSON:
+    """Create the Deployment; its pod is Ready after the lumigo-injector init container exited
+    0, and the app answers HTTP. The pod."""
+    product.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj))
+    name = obj["metadata"]["name"]
+    pod = rolled_out(product, namespace, name)
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["lumigo-injector"]
+    (init,) = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0, init
+    assert all(c["ready"] and c["restartCount"] == 0 for c in pod["status"]["containerStatuses"])
+    http_get(product, namespace, pod["metadata"]["name"], "/healthz")
+    return pod
+
+
+def spans_arrive(product: Product, namespace: str, pod: JSON, language: str = "python") -> None:
+    """Requests to the pod's app produce spans at the sink, with the namespace's token."""
+    pod_name = pod["metadata"]["name"]
+
+    def seen() -> list[Any]:
+        http_get(product, namespace, pod_name, "/")
+        return [
+            s
+            for s in product.sink.spans()
+            if s.resource.get("k8s.pod.name") == pod_name
+            and s.resource.get("telemetry.sdk.language") == language
+        ]
+
+    spans = wait_for(seen, 180, f"{language} spans of {namespace}/{pod_name}", interval=2)
+    assert spans[0].authorization == f"LumigoToken {TOKEN}"
+    assert spans[0].resource["k8s.namespace.name"] == namespace
+
+
+def with_container(obj: JSON, **fields: Any) -> JSON:
+    obj["spec"]["template"]["spec"]["containers"][0].update(fields)
+    return obj
+
+
+@pytest.mark.parametrize("fs_group", [2000, None], ids=["fsGroup", "no-fsGroup"])
+def test_an_app_running_as_another_uid_is_traced(
+    product: Product, variants_ns: str, fs_group: int | None
+) -> None:
+    context: JSON = {"runAsUser": 1500, "runAsGroup": 1500}
+    if fs_group is not None:
+        context["fsGroup"] = fs_group
+    name = f"uid-{'fsgroup' if fs_group else 'plain'}"
+    obj = deployment(name, product.images["python-app"], securityContext=context)
+    pod = run_variant(product, variants_ns, obj)
+    spans_arrive(product, variants_ns, pod)
+
+
+def test_a_read_only_root_with_all_capabilities_dropped_is_traced(
+    product: Product, variants_ns: str
+) -> None:
+    obj = with_container(
+        deployment("readonly", product.images["python-app"]),
+        securityContext={
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "allowPrivilegeEscalation": False,
+            "runAsUser": 1500,
+        },
+    )
+    pod = run_variant(product, variants_ns, obj)
+    spans_arrive(product, variants_ns, pod)
+
+
+def test_a_restricted_namespace_with_run_as_non_root_per_container_is_traced(
+    product: Product,
+) -> None:
+    ns = product.new_namespace(
+        STRICT_NS,
+        {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest",
+        },
+    )
+    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(TOKEN))
+    obj = with_container(
+        deployment("strict", product.images["python-app"]),
+        securityContext=PER_CONTAINER_RESTRICTED,
+    )
+    assert "runAsNonRoot" not in obj["spec"]["template"]["spec"].get("securityContext", {})
+    wait_until(
+        lambda: "True" in product.kubectl(
+            "get", "lumigo", "lumigo", "-n", ns,
+            "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}",
+        ),
+        60, "the Lumigo Active",
+    )  # fmt: skip
+    pod = run_variant(product, ns, obj)
+    spans_arrive(product, ns, pod)
+
+
+def test_an_app_with_its_own_ld_preload_and_pythonpath_is_traced_and_keeps_them(
+    product: Product, variants_ns: str
+) -> None:
+    obj = deployment("own-env", product.images["python-app"])
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] += [
+        {"name": "LD_PRELOAD", "value": "libm.so.6"},
+        {"name": "PYTHONPATH", "value": "/opt/user-site"},
+    ]
+    pod = run_variant(product, variants_ns, obj)
+    spans_arrive(product, variants_ns, pod)
+    environ = product.kubectl(
+        "exec", "-n", variants_ns, pod["metadata"]["name"], "--",
+        "python3", "-c", "import os; print(os.environ['LD_PRELOAD'], os.environ['PYTHONPATH'])",
+    ).split()  # fmt: skip
+    assert environ[0].endswith(":libm.so.6"), environ
+    assert environ[0].startswith("/opt/lumigo/"), environ
+    assert "/opt/user-site" in environ[1].split(":"), environ
+
+
+def test_an_express_app_with_its_own_node_options_is_traced_and_keeps_them(
+    product: Product, variants_ns: str
+) -> None:
+    obj = deployment("own-node-options", product.images["node-app"])
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] += [
+        {"name": "NODE_OPTIONS", "value": "--max-old-space-size=200"},
+    ]
+    pod = run_variant(product, variants_ns, obj)
+    spans_arrive(product, variants_ns, pod, language="nodejs")
+    heap = product.kubectl(
+        "exec", "-n", variants_ns, pod["metadata"]["name"], "--", "node", "-e",
+        "console.log(require('v8').getHeapStatistics().heap_size_limit >> 20)",
+    )  # fmt: skip
+    assert int(heap.split()[-1]) < 300, heap  # the user's --max-old-space-size still applies
+
+
+def test_two_app_containers_and_a_sidecar_are_all_traced_or_left_running(
+    product: Product, variants_ns: str
+) -> None:
+    obj = deployment("multi", product.images["python-app"])
+    containers = obj["spec"]["template"]["spec"]["containers"]
+    express = json.loads(json.dumps(containers[0]))
+    express.update(name="express", image=product.images["node-app"])
+    express["env"] = [{"name": "PORT", "value": "8081"}]
+    express["ports"] = [{"containerPort": 8081}]
+    express["readinessProbe"] = {"httpGet": {"path": "/healthz", "port": 8081}}
+    sidecar = {
+        "name": "sidecar",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", "while true; do sleep 5; done"],
+    }
+    containers += [express, sidecar]
+    pod = run_variant(product, variants_ns, obj)
+    spans_arrive(product, variants_ns, pod, language="python")
+
+    def express_spans() -> list[Any]:
+        http_get(product, variants_ns, pod["metadata"]["name"], "/", port=8081)
+        return [
+            s
+            for s in product.sink.spans()
+            if s.resource.get("k8s.pod.name") == pod["metadata"]["name"]
+            and s.resource.get("telemetry.sdk.language") == "nodejs"
+        ]
+
+    wait_for(express_spans, 180, "spans of the second app container", interval=2)
+    mounts = {
+        c["name"]: [m["mountPath"] for m in c.get("volumeMounts", [])]
+        for c in pod["spec"]["containers"]
+    }
+    assert all("/opt/lumigo" in paths for paths in mounts.values()), mounts
+
+
+def test_a_job_and_a_cronjob_created_after_activation_run_injected_to_completion(
+    product: Product, variants_ns: str
+) -> None:
+    script = "import sys; print('job ran with', sys.version_info[:2])"
+    template: JSON = {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "task",
+                    "image": product.images["python-app"],
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", script],
+                }
+            ],
+        }
+    }
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "once"},
+           "spec": {"backoffLimit": 0, "template": template}}  # fmt: skip
+    every_minute = {
+        "schedule": "* * * * *",
+        "jobTemplate": {"spec": {"backoffLimit": 0, "template": template}},
+    }
+    cron = {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "every-minute"},
+            "spec": every_minute}  # fmt: skip
+    for obj in (job, cron):
+        product.kubectl("apply", "-n", variants_ns, "-f", "-", input=json.dumps(obj))
+
+    def finished(job_name_prefix: str) -> JSON | None:
+        for pod in get_json(product.cluster, "pods", "-n", variants_ns)["items"]:
+            owner = (pod["metadata"].get("ownerReferences") or [{}])[0]
+            if (
+                owner.get("kind") == "Job"
+                and owner["name"].startswith(job_name_prefix)
+                and pod["status"].get("phase") in ("Succeeded", "Failed")
+            ):
+                return dict(pod)
+        return None
+
+    for prefix in ("once", "every-minute-"):
+        pod = wait_for(lambda p=prefix: finished(p), 150, f"a finished pod of {prefix}")
+        assert pod["status"]["phase"] == "Succeeded", pod["status"]
+        (init,) = pod["status"]["initContainerStatuses"]
+        assert (init["name"], init["state"]["terminated"]["exitCode"]) == ("lumigo-injector", 0)
+        out = product.kubectl("logs", "-n", variants_ns, pod["metadata"]["name"])
+        assert "job ran with" in out, out
+        assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        ("musl-dynamic", ["/usr/bin/httpd"]),
+        ("static", ["/usr/bin/httpd-static"]),
+    ],
+)
+def test_musl_and_static_binaries_run_unchanged(
+    product: Product, variants_ns: str, name: str, command: list[str]
+) -> None:
+    obj = with_container(deployment(name, product.images["musl-app"]), command=command)
+    pod = run_variant(product, variants_ns, obj)
+    assert http_get(product, variants_ns, pod["metadata"]["name"], "/")
+    out = product.kubectl("logs", "-n", variants_ns, pod["metadata"]["name"])
+    assert "rror" not in out, out
+
+
+def test_a_shell_script_runs_unchanged(product: Product, variants_ns: str) -> None:
+    script = (
+        "mkdir -p /tmp/www && echo ok > /tmp/www/healthz && echo hello > /tmp/www/index.html && "
+        "exec httpd -f -p 8080 -h /tmp/www"
+    )
+    obj = with_container(deployment("shell", BUSYBOX_IMAGE), command=["sh", "-c", script])
+    obj["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] = "/"
+    pod = run_variant(product, variants_ns, obj)
+    assert http_get(product, variants_ns, pod["metadata"]["name"], "/").strip() == "hello"
+    out = product.kubectl("logs", "-n", variants_ns, pod["metadata"]["name"])
+    assert "rror" not in out, out
+
+
+def traced_barrier(product: Product) -> tuple[str, str]:
+    """A second traced namespace with a Flask app: its spans and objects prove the proxy still
+    forwards while the first namespace sends nothing (an absence is only meaningful next to a
+    presence that went through the same pipeline)."""
+    ns = product.new_namespace("barrier")
+    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(BARRIER_TOKEN))
+    product.kubectl(
+        "apply", "-n", ns, "-f", "-",
+        input=json.dumps(deployment("flask", product.images["python-app"])),
+    )  # fmt: skip
+    pod = rolled_out(product, ns, "flask")
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["lumigo-injector"]
+    return ns, pod["metadata"]["name"]
+
+
+def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
+    product: Product, original_specs: dict[str, JSON]
+) -> None:
+    barrier_ns, barrier_pod = traced_barrier(product)
+    product.kubectl("delete", "lumigo", "lumigo", "-n", APPS_NS, "--timeout=120s")
+
+    for name, original in original_specs.items():
+
+        def back(n: str = name, o: JSON = original) -> bool:
+            template = get_json(product.cluster, "deployment", n, "-n", APPS_NS)["spec"]["template"]
+            return bool(template["spec"] == o["spec"])
+
+        wait_until(back, 120, f"{name}'s pod template back to the original spec")
+        pod = rolled_out(product, APPS_NS, name)
+        assert not pod["spec"].get("initContainers")
+        env = [e["name"] for c in pod["spec"]["containers"] for e in c.get("env", [])]
+        assert "LD_PRELOAD" not in env
+    pods = {name: product.pods(APPS_NS, f"app={name}")[0]["metadata"]["name"] for name in APPS}
+
+    # After the removal: requests to the apps, a Deployment created in the namespace; then the
+    # barrier's span and Deployment arrive, and nothing of the first namespace does.
+    logs_before, spans_before = len(product.sink.logs()), len(product.sink.spans())
+    for pod_name in pods.values():
+        http_get(product, APPS_NS, pod_name, "/healthz")
+        http_get(product, APPS_NS, pod_name, "/")
+    product.kubectl(
+        "apply", "-n", APPS_NS, "-f", "-",
+        input=json.dumps(deployment("after-removal", product.images["python-app"])),
+    )  # fmt: skip
+    product.kubectl(
+        "apply", "-n", barrier_ns, "-f", "-",
+        input=json.dumps(deployment("marker", product.images["python-app"])),
+    )  # fmt: skip
+
+    def barrier_span() -> bool:
+        http_get(product, barrier_ns, barrier_pod, "/")
+        return any(
+            s.resource.get("k8s.pod.name") == barrier_pod
+            for s in product.sink.spans()[spans_before:]
+        )
+
+    wait_for(barrier_span, 120, "a span of the barrier namespace", interval=2)
+    wait_for(lambda: records_of(product, barrier_ns, "Deployment", "marker"), 120, "the marker")
+    after = [s for s in product.sink.spans()[spans_before:]
+             if s.resource.get("k8s.namespace.name") == APPS_NS]  # fmt: skip
+    assert not after, after[:3]
+    assert not records_of(product, APPS_NS, "Deployment", "after-removal")
+    assert not [r for r in product.sink.logs()[logs_before:]
+                if r.resource.get("k8s.namespace.name") == APPS_NS
+                or the_object(r).get("metadata", {}).get("namespace") == APPS_NS]  # fmt: skip
+    assert not get_json(product.cluster, "deployment", "after-removal", "-n", APPS_NS)["spec"][
+        "template"]["spec"].get("initContainers")  # fmt: skip
