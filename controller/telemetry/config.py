@@ -84,7 +84,8 @@ class ProxySettings:
     """Everything in the configuration that does not come from the Lumigo resources."""
 
     upstream_endpoint: str = DEFAULT_UPSTREAM
-    # Full URL for logs (e.g. https://host/v1/logs) when logs go elsewhere than traces.
+    # Where logs go when elsewhere than traces: a full URL (https://host/v1/logs), or a bare host
+    # like the chart's default `endpoint.otlp.logs_url`, which gets the OTLP path /v1/logs.
     upstream_logs_endpoint: str = ""
     cluster_name: str = ""
     cluster_uid: str = ""
@@ -254,8 +255,16 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
 def _endpoints(s: ProxySettings) -> JSON:
     out: JSON = {"endpoint": s.upstream_endpoint.rstrip("/")}
     if s.upstream_logs_endpoint:
-        out["logs_endpoint"] = s.upstream_logs_endpoint
+        out["logs_endpoint"] = logs_url(s.upstream_logs_endpoint)
     return out
+
+
+def logs_url(endpoint: str) -> str:
+    """The exporter's full logs URL: a bare host (no path) gets /v1/logs, as the reference does
+    with `endpoint.otlp.logs_url`; posting to `/` would have every record refused with 404."""
+    if urlparse(endpoint).path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/logs"
+    return endpoint
 
 
 def _operator_attributes(s: ProxySettings) -> list[JSON]:

@@ -145,3 +145,22 @@ def test_no_user_value_is_ever_expanded_by_the_collector() -> None:
         if a["key"] == "k8s.cluster.name"
     ]
     assert cluster["value"] == "prod-$${file:/etc/passwd}"
+
+
+@pytest.mark.parametrize(
+    ("given", "posted_to"),
+    [
+        # The chart's default logs_url is a bare host, like the traces url.
+        (
+            "https://ga-otlp.lumigo-tracer-edge.golumigo.com",
+            "https://ga-otlp.lumigo-tracer-edge.golumigo.com/v1/logs",
+        ),
+        ("http://sink.example:4318/", "http://sink.example:4318/v1/logs"),
+        ("https://logs.example.com/v1/logs", "https://logs.example.com/v1/logs"),
+        ("https://logs.example.com/custom/path", "https://logs.example.com/custom/path"),
+    ],
+)
+def test_a_bare_logs_host_gets_the_otlp_logs_path(given: str, posted_to: str) -> None:
+    exporter = build([ns("shop")], ProxySettings(upstream_logs_endpoint=given))["exporters"]
+    assert exporter["otlp_http/lumigo"]["logs_endpoint"] == posted_to
+    assert exporter["otlp_http/ns-shop"]["logs_endpoint"] == posted_to
