@@ -534,6 +534,10 @@ class SelfSignedCerts:
     # -- readiness ----------------------------------------------------------------------------
     def ready(self) -> None:
         """Raises NotReady until the served certificate is trusted where the API server looks."""
+        # A held-back pair is re-judged here too, not only on the next configuration event: if
+        # that event was handled before the Secret's (two informers, no order between them),
+        # no further event would ever come to release it.
+        self._load_pending()
         loaded = self.tls.loaded
         with self._lock:
             problem, bundle, bundle_b64 = self._secret_problem, self._bundle, self._bundle_b64
