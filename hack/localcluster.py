@@ -76,6 +76,31 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: f
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def wait_healthy(
+    proc: Process,
+    check: Callable[[], bool],
+    timeout: float,
+    error: type[Exception] = TimeoutError,
+) -> None:
+    """Wait until `check()` passes for a process just started; a process that exits, or never
+    becomes healthy, raises `error` with the end of its log (the reason is usually there)."""
+
+    def ok() -> bool:
+        if not proc.alive():
+            raise (RuntimeError if error is TimeoutError else error)(
+                f"{proc.name} exited during start-up:\n{proc.log_tail()}"
+            )
+        try:
+            return check()
+        except (OSError, ValueError):  # urllib's URLError is an OSError
+            return False
+
+    try:
+        wait_until(ok, timeout, f"{proc.name} to become healthy", interval=0.2)
+    except TimeoutError as err:
+        raise error(f"{err}\n{proc.log_tail()}") from None
+
+
 # --- certificates -------------------------------------------------------------------------
 
 
@@ -442,20 +467,6 @@ class LocalCluster:
         self.processes[name] = proc
         return proc
 
-    def _wait_healthy(self, proc: Process, check: Callable[[], bool], timeout: float) -> None:
-        def ok() -> bool:
-            if not proc.alive():
-                raise RuntimeError(f"{proc.name} exited during start-up:\n{proc.log_tail()}")
-            try:
-                return check()
-            except (OSError, urllib.error.URLError, ValueError):
-                return False
-
-        try:
-            wait_until(ok, timeout, f"{proc.name} to become healthy", interval=0.2)
-        except TimeoutError as err:
-            raise TimeoutError(f"{err}\n{proc.log_tail()}") from None
-
     def _start_etcd(self) -> None:
         peer = free_port()
         data = self.workdir / "etcd"
@@ -479,7 +490,7 @@ class LocalCluster:
             with urllib.request.urlopen(f"{self.etcd_url}/health", timeout=2) as resp:
                 return bool(json.loads(resp.read()).get("health") == "true")
 
-        self._wait_healthy(proc, healthy, 60)
+        wait_healthy(proc, healthy, 60)
 
     def _start_apiserver(self) -> None:
         pki = self.pki
@@ -514,7 +525,7 @@ class LocalCluster:
         def ready() -> bool:
             return self.request("/readyz") == "ok"
 
-        self._wait_healthy(proc, ready, 120)
+        wait_healthy(proc, ready, 120)
 
     def _audit_flags(self) -> list[str]:
         if not self.audit:
@@ -581,7 +592,7 @@ class LocalCluster:
                 "--profiling=false",
             ],
         )
-        self._wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
+        wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
 
     def _start_scheduler(self) -> None:
         port = free_port()
@@ -599,7 +610,7 @@ class LocalCluster:
                 "--profiling=false",
             ],
         )
-        self._wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
+        wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
 
     def _start_kwok(self) -> None:
         stages_dir = BIN / "kwok-stages"
@@ -627,7 +638,7 @@ class LocalCluster:
                 f"--tls-private-key-file={self.pki['kwok'].key}",
             ],
         )
-        self._wait_healthy(proc, lambda: self._https_ok(port, "/healthz", verify=False), 60)
+        wait_healthy(proc, lambda: self._https_ok(port, "/healthz", verify=False), 60)
         node = {
             "apiVersion": "v1",
             "kind": "Node",
@@ -656,7 +667,7 @@ class LocalCluster:
                 for c in status.get("conditions", [])
             )
 
-        self._wait_healthy(proc, node_ready, 60)
+        wait_healthy(proc, node_ready, 60)
 
     def _https_ok(self, port: int, path: str, verify: bool = False) -> bool:
         ctx = ssl.create_default_context()

@@ -62,7 +62,7 @@ from typing import IO, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ociimage
-from localcluster import BIN, FAKE_NODE, LocalCluster, Process, free_port, wait_until
+from localcluster import BIN, FAKE_NODE, LocalCluster, Process, free_port, wait_healthy
 
 WORKDIR_PREFIX = "lumigo-node-"
 LOCK_FILE = Path("/run/lumigo-localnode.lock")
@@ -915,7 +915,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 == 0
             )
 
-        self._wait(proc, ready, 60)
+        wait_healthy(proc, ready, 60, NodeError)
 
     # cluster DNS
     def _create_dns_service(self) -> None:
@@ -978,7 +978,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 }}
 """)
         proc = self._spawn("coredns", [str(self.components.coredns), "-conf", str(corefile)])
-        self._wait(proc, lambda: _http_ok(f"http://127.0.0.1:{self.ports['dns-ready']}/ready"), 60)
+        wait_healthy(
+            proc,
+            lambda: _http_ok(f"http://127.0.0.1:{self.ports['dns-ready']}/ready"),
+            60,
+            NodeError,
+        )
 
     # kube-proxy
     def _start_kube_proxy(self) -> None:
@@ -1015,7 +1020,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             table = _sh("nft", "list", "table", "ip", "kube-proxy").stdout
             return _http_ok(healthz) and DNS_SERVICE_IP in table
 
-        self._wait(self.processes["kube-proxy"], programmed, 60)
+        wait_healthy(self.processes["kube-proxy"], programmed, 60, NodeError)
 
     # kubelet
     def _start_kubelet(self) -> None:
@@ -1084,7 +1089,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "--v=1",
             ],
         )
-        self._wait(proc, self._node_ready, 120)
+        wait_healthy(proc, self._node_ready, 120, NodeError)
 
     def _node_ready(self) -> bool:
         try:
@@ -1103,20 +1108,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         proc.start()
         self.processes[name] = proc
         return proc
-
-    def _wait(self, proc: Process, check: Callable[[], bool], timeout: float) -> None:
-        def ok() -> bool:
-            if not proc.alive():
-                raise NodeError(f"{proc.name} exited during start-up:\n{proc.log_tail()}")
-            try:
-                return check()
-            except (OSError, ValueError):
-                return False
-
-        try:
-            wait_until(ok, timeout, f"{proc.name} to become ready", interval=0.2)
-        except TimeoutError as err:
-            raise NodeError(f"{err}\n{proc.log_tail()}") from None
 
 
 def _http_ok(url: str) -> bool:

@@ -17,26 +17,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from controller.runtime.kube import KubeClient, WatchStream
 from controller.runtime.resources import ApiError, Resource
 from controller.runtime.store import ObjectKey, Store, key_of
+from webhook.admission.kubeapi import EventHandler  # one definition for watchers of both layers
 
 log = logging.getLogger("lumigo.informer")
 
 JSON = dict[str, Any]
 Transform = Callable[[JSON], JSON]
-
-
-class EventHandler(Protocol):
-    """Called on the informer thread: keep it quick (enqueue keys, nothing more)."""
-
-    def on_add(self, obj: JSON) -> None: ...
-
-    def on_update(self, old: JSON, new: JSON) -> None: ...
-
-    def on_delete(self, obj: JSON) -> None: ...
 
 
 @dataclass
