@@ -10,7 +10,9 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
 2. pod start overhead: the same Flask pod created R times in an untraced and in a traced
    namespace, create -> Ready (p50), with the init container's copy time (its started ->
    finished) and the app container's started -> Ready (tracer start-up included when traced);
-3. bytes copied per pod start: `du -sb /opt/lumigo` in a traced pod.
+3. bytes copied per pod start: `du -sb /opt/lumigo` in a traced pod;
+4. the sink down for 60 s: latency of a traced app's HTTP responses (p50, p99) with the sink up
+   and during the outage, and how many of the spans sent during it arrived afterwards.
 
     .venv/bin/python bench/product_node.py [--deployments 20] [--repeat 10]
 """
@@ -24,6 +26,7 @@ import json
 import statistics
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -133,6 +136,57 @@ def pod_starts(product: Product, ns: str, repeat: int) -> dict[str, float]:
     }
 
 
+def latencies(url: str, seconds: float, marker: str = "") -> tuple[list[float], list[str]]:
+    """GET `url` back to back for `seconds` (from the node); each response's latency (s), and
+    the query of every request (a marker to find their spans)."""
+    out: list[float] = []
+    queries: list[str] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        query = f"{marker}-{len(queries)}" if marker else ""
+        start = time.perf_counter()
+        with urllib.request.urlopen(f"{url}?q={query}", timeout=10) as resp:
+            resp.read()
+        out.append(time.perf_counter() - start)
+        queries.append(query)
+        time.sleep(0.05)
+    return out, queries
+
+
+def p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
+def sink_outage(product: Product, namespace: str, pod: JSON) -> dict[str, float]:
+    url = f"http://{pod['status']['podIP']}:8080/"
+    before, _ = latencies(url, 20)
+    marker = uuid.uuid4().hex[:10]
+    with product.sink.outage():
+        during, queries = latencies(url, 60, marker)
+    wanted = {f"q={q}" for q in queries}
+
+    def arrived() -> set[str]:
+        return {
+            v.split("?", 1)[-1]
+            for s in product.sink.spans()
+            for v in s.attributes.values()
+            if isinstance(v, str) and marker in v
+        } & wanted
+
+    deadline = time.monotonic() + 300
+    while len(arrived()) < len(wanted) and time.monotonic() < deadline:
+        time.sleep(2)
+    return {
+        "requests_during_outage": len(during),
+        "p50_ms_sink_up": 1000 * statistics.median(before),
+        "p99_ms_sink_up": 1000 * p99(before),
+        "p50_ms_sink_down": 1000 * statistics.median(during),
+        "p99_ms_sink_down": 1000 * p99(during),
+        "spans_sent_during_outage": len(wanted),
+        "delivered_afterwards": len(arrived()),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deployments", type=int, default=20)
@@ -163,6 +217,7 @@ def main() -> int:
             "exec", "-n", traced, pod["metadata"]["name"], "--", "du", "-sb", "/opt/lumigo"
         )
         results["bytes_copied_per_pod"] = int(du.split()[0])
+        results["sink_down_60s"] = sink_outage(product, traced, pod)
     finally:
         generator.close()
     print(json.dumps(results, indent=2))

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 from localcluster import wait_until
@@ -70,6 +71,20 @@ def test_make_run_comes_up_with_a_traced_demo_and_stops_cleanly() -> None:
             ).stdout
             assert "lumigo-copy: copied" in copy_log
             subprocess.run([*kubectl, "logs", "-n", "demo", name], check=True, capture_output=True)
+            # The newcomer sees a real span of the demo app, and where to see more.
+            (first,) = [
+                seen[i + 1] for i, line in enumerate(seen) if "spans arrive at a receiver" in line
+            ]
+            assert "(python)" in first, first
+            assert "GET" in first, first
+            spans_log = ROOT / ".local-cluster" / "spans.log"
+            assert said(f"tail -f {spans_log}")
+            ip = running[0]["status"]["podIP"]
+            with urllib.request.urlopen(f"http://{ip}:8080/?newcomer=1", timeout=30) as resp:
+                assert resp.status == 200
+            wait_until(
+                lambda: "newcomer=1" in spans_log.read_text(), 60, "the request's line in spans.log"
+            )
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -15,25 +15,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from localcluster import LocalCluster, Process, free_port, wait_until
+from localcluster import LocalCluster
 from tests.e2e.packaging_support import (
-    BIN,
     CRD_NAME,
     OPERATOR_SA,
     ROOT,
@@ -48,9 +43,8 @@ from tests.e2e.packaging_support import (
     telemetry_reconciler_requests,
     tool,
 )
+from tests.support.olm import CSV_NAME, PACKAGE, LocalOlm, running_olm, subscribe
 
-PACKAGE = "lumigo-operator"
-CSV_NAME = "lumigo-operator.v0.1.0"
 FULLNAME = "lumigo-lumigo-operator"
 DEPLOYMENT = f"{FULLNAME}-controller-manager"
 PROXY = f"{FULLNAME}-telemetry-proxy"
@@ -160,184 +154,16 @@ def test_opm_validate_catalog_and_catalog_is_generated() -> None:
 # --- the OLM Subscription install ---------------------------------------------------------
 
 
-@dataclass
-class LocalOlm:
-    cluster: LocalCluster
-    olm_namespace: str
-    operator_namespace: str
-    catalog_address: str
-
-
-def _started(cluster: LocalCluster, name: str, args: list[str], env: dict[str, str]) -> Process:
-    # localcluster.Process passes no environment: env(1) sets it, then execs the tool in place,
-    # so the process group that Process.stop() signals is the tool's.
-    assignments = [f"{k}={v}" for k, v in env.items()]
-    proc = Process(
-        name, ["/usr/bin/env", *assignments, *args], cluster.workdir / "logs" / f"{name}.log"
-    )
-    proc.start()
-    return proc
-
-
-def _port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
-
-
-def _install_olm_crds(cluster: LocalCluster) -> None:
-    crds = sorted((BIN / "helm-olm-crds").glob("*.yaml"))
-    assert crds, "bin/helm-olm-crds is missing: run `hack/install-tools packaging`"
-    for path in crds:  # server-side: the CSV CRD is too large for the last-applied annotation
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    for path in crds:
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
-
-
-def _olm_owned(cluster: LocalCluster, operator_namespace: str) -> list[str]:
-    """Cluster-scoped objects OLM created for the operator installed in `operator_namespace`."""
-    out = cluster.kubectl(
-        "get", "mutatingwebhookconfigurations,clusterroles,clusterrolebindings",
-        "-l", f"olm.owner.namespace={operator_namespace}", "-o", "name",
-    )  # fmt: skip
-    return out.split()
-
-
 @pytest.fixture
 def local_olm(full_cluster: LocalCluster) -> Iterator[LocalOlm]:
-    """OLM's olm and catalog operators and `opm serve catalog/`, as local processes.
-
-    Afterwards every object OLM made for the operator is gone (its defaulter webhook has
-    failurePolicy Fail and would break every later test that creates a Lumigo)."""
-    cluster = full_cluster
-    suffix = uuid.uuid4().hex[:5]
-    olm_ns, operator_ns = f"t-olm-{suffix}", f"t-olm-operators-{suffix}"
-    _install_olm_crds(cluster)
-    cluster.kubectl("create", "namespace", olm_ns)
-    cluster.kubectl("create", "namespace", operator_ns)
-    # No copies of the CSV in every namespace of the (shared) cluster.
-    olm_config = {
-        "apiVersion": "operators.coreos.com/v1",
-        "kind": "OLMConfig",
-        "metadata": {"name": "cluster"},
-        "spec": {"features": {"disableCopiedCSVs": True}},
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(olm_config))
-    port = free_port()
-    env = {
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "OPERATOR_NAMESPACE": olm_ns,
-        "OPERATOR_NAME": "olm-operator",
-    }
-    processes: list[Process] = []
-    try:
-        processes.append(
-            _started(
-                cluster, "olm",
-                [tool("olm"), "--namespace", olm_ns, "--writeStatusName", "",
-                 "--writePackageServerStatusName", ""],
-                env,
-            )
-        )  # fmt: skip
-        processes.append(
-            _started(
-                cluster, "catalog",
-                [tool("catalog"), "--kubeconfig", str(cluster.kubeconfig), "--namespace", olm_ns,
-                 "--writeStatusName", ""],
-                env,
-            )
-        )  # fmt: skip
-        processes.append(
-            _started(
-                cluster, "opm-serve",
-                [tool("opm"), "serve", str(ROOT / "catalog"), "--port", str(port),
-                 "--pprof-addr", f"127.0.0.1:{free_port()}",
-                 "--termination-log", str(cluster.workdir / "logs" / "opm-serve.termination")],
-                env,
-            )
-        )  # fmt: skip
-
-        def serving() -> bool:
-            for proc in processes:
-                if not proc.alive():
-                    raise AssertionError(f"{proc.name} exited:\n{proc.log_tail()}")
-            return _port_open(port)
-
-        wait_until(serving, 60, "opm serve to listen")
-        yield LocalOlm(cluster, olm_ns, operator_ns, f"127.0.0.1:{port}")
-    finally:
-        # Let OLM itself tear down what it made, while it still runs; then make sure.
-        cluster.kubectl(
-            "delete", "subscriptions,csv,operatorgroups", "--all", "-n", operator_ns, check=False
-        )
-        with contextlib.suppress(TimeoutError):
-            wait_until(lambda: not _olm_owned(cluster, operator_ns), 60, "OLM to clean up")
-        for proc in reversed(processes):
-            proc.stop()
-        for leftover in _olm_owned(cluster, operator_ns):
-            cluster.kubectl("delete", leftover, "--ignore-not-found", check=False)
-        # OLM's aggregated admin/edit/view roles for the CRD (owned by the CRD, which the
-        # session keeps).
-        for suffix in ("admin", "edit", "view", "crdview"):
-            cluster.kubectl("delete", "clusterrole", f"{CRD_NAME}-v1alpha1-{suffix}",
-                            "--ignore-not-found", check=False)  # fmt: skip
-        cluster.kubectl("delete", "olmconfig", "cluster", "--ignore-not-found", check=False)
-        for ns in (operator_ns, olm_ns):
-            cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false")
-
-
-def csv_phase(cluster: LocalCluster, namespace: str) -> str:
-    items = get_json(cluster, "csv", "-n", namespace)["items"]
-    return str(items[0].get("status", {}).get("phase", "")) if items else ""
+    with running_olm(full_cluster) as olm:
+        yield olm
 
 
 def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
-    cluster, olm_ns, ns = local_olm.cluster, local_olm.olm_namespace, local_olm.operator_namespace
-    manifests = [
-        {
-            "apiVersion": "operators.coreos.com/v1alpha1",
-            "kind": "CatalogSource",
-            "metadata": {"name": "lumigo", "namespace": olm_ns},
-            "spec": {
-                "sourceType": "grpc",
-                "address": local_olm.catalog_address,
-                "displayName": "Lumigo",
-                "publisher": "Lumigo",
-            },
-        },
-        {
-            "apiVersion": "operators.coreos.com/v1",
-            "kind": "OperatorGroup",
-            "metadata": {"name": "lumigo", "namespace": ns},
-            "spec": {},  # AllNamespaces, the only install mode the CSV supports
-        },
-        {
-            "apiVersion": "operators.coreos.com/v1alpha1",
-            "kind": "Subscription",
-            "metadata": {"name": PACKAGE, "namespace": ns},
-            "spec": {
-                "channel": "stable",
-                "name": PACKAGE,
-                "source": "lumigo",
-                "sourceNamespace": olm_ns,
-                "installPlanApproval": "Automatic",
-                # How an OLM user names the cluster (README): env of every container.
-                "config": {"env": [{"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-test"}]},
-            },
-        },
-    ]
-    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(m) for m in manifests))
-
-    def catalog_ready() -> bool:
-        source = get_json(cluster, "catalogsource", "lumigo", "-n", olm_ns)
-        state = source.get("status", {}).get("connectionState", {})
-        return state.get("lastObservedState") == "READY"
-
-    wait_until(catalog_ready, 120, "the CatalogSource to connect to opm serve")
-    wait_until(lambda: csv_phase(cluster, ns) == "Succeeded", 240, f"CSV {CSV_NAME} Succeeded")
+    cluster, ns = local_olm.cluster, local_olm.operator_namespace
+    # How an OLM user names the cluster (README): env of every container.
+    subscribe(local_olm, env=[{"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-test"}])
 
     csv = get_json(cluster, "csv", CSV_NAME, "-n", ns)
     for requirement in csv["status"]["requirementStatus"]:

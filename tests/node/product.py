@@ -10,14 +10,13 @@ it releases the tier's shared node first; the next test that needs that one star
 from __future__ import annotations
 
 import base64
-import http.server
+import contextlib
 import json
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,14 +60,7 @@ def split_ref(ref: str) -> tuple[str, str]:
 def node_sink(address: str) -> OTLPSink:
     """The tests' OTLPSink, listening on the node's bridge address instead of loopback: the
     proxy pod reaches the node itself (INPUT), never anything off the machine."""
-    sink = OTLPSink()
-    handler = sink._server.RequestHandlerClass
-    sink._server.server_close()
-    sink._server = http.server.ThreadingHTTPServer((address, 0), handler)
-    sink._server.daemon_threads = True
-    sink.port = int(sink._server.server_address[1])
-    sink._thread = threading.Thread(target=sink._server.serve_forever, daemon=True)
-    return sink.start()
+    return OTLPSink(host=address).start()
 
 
 @dataclass
@@ -125,24 +117,32 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
     return flags
 
 
-def installed_product(holder: NodeHolder) -> Generator[Product]:
-    """Cluster (with pod tokens) + node + images + sink + `helm install`; all gone afterwards."""
+@contextlib.contextmanager
+def node_cluster(holder: NodeHolder) -> Iterator[tuple[LocalCluster, LocalNode, dict[str, JSON]]]:
+    """A cluster of its own (with pod tokens) and a real node holding the built images:
+    (cluster, node, name -> manifest entry)."""
     built = built_images()
-    images = {name: str(entry["ref"]) for name, entry in built.items()}
     holder.release()
     with LocalCluster(full=True, service_accounts=True) as cluster:
         cluster.kubectl("cordon", FAKE_NODE)
         with LocalNode(cluster) as node:
             for entry in built.values():
                 node.import_image(Path(entry["tar"]))
-            sink = node_sink(node.node_ip)
-            release = HelmRelease(cluster, RELEASE, OPERATOR_NS)
-            product = Product(cluster, node, release, sink, images)
-            try:
-                release.install("--create-namespace", *helm_values(images, product.sink_url))
-                yield product
-            finally:
-                sink.stop()
+            yield cluster, node, built
+
+
+def installed_product(holder: NodeHolder) -> Generator[Product]:
+    """Cluster (with pod tokens) + node + images + sink + `helm install`; all gone afterwards."""
+    with node_cluster(holder) as (cluster, node, built):
+        images = {name: str(entry["ref"]) for name, entry in built.items()}
+        sink = node_sink(node.node_ip)
+        release = HelmRelease(cluster, RELEASE, OPERATOR_NS)
+        product = Product(cluster, node, release, sink, images)
+        try:
+            release.install("--create-namespace", *helm_values(images, product.sink_url))
+            yield product
+        finally:
+            sink.stop()
 
 
 def deployment(name: str, image: str, **pod_spec: Any) -> JSON:
@@ -174,13 +174,18 @@ def deployment(name: str, image: str, **pod_spec: Any) -> JSON:
     }
 
 
-def rolled_out(product: Product, namespace: str, name: str, timeout: float = 180) -> JSON:
-    """Wait until the Deployment's newest pods are all Ready and the old ones gone; its one pod."""
+def rolled_out(
+    product: Product, namespace: str, name: str, timeout: float = 180, *, selector: str = ""
+) -> JSON:
+    """Wait until the Deployment's newest pods are all Ready and the old ones gone; its one pod.
+
+    `selector` picks its pods (default `app=<name>`, the test apps' label)."""
+    selector = selector or f"app={name}"
 
     def done() -> bool:
         obj = get_json(product.cluster, "deployment", name, "-n", namespace)
         status, spec = obj.get("status", {}), obj["spec"]
-        pods = product.pods(namespace, f"app={name}")
+        pods = product.pods(namespace, selector)
         return bool(
             status.get("observedGeneration") == obj["metadata"]["generation"]
             and status.get("updatedReplicas") == spec["replicas"]
@@ -192,10 +197,10 @@ def rolled_out(product: Product, namespace: str, name: str, timeout: float = 180
     try:
         wait_until(done, timeout, f"deployment {namespace}/{name} rolled out")
     except Exception:
-        for pod in product.pods(namespace, f"app={name}"):
+        for pod in product.pods(namespace, selector):
             wait_pod(product.cluster, namespace, pod["metadata"]["name"], ready=True, timeout=1)
         raise
-    return product.pods(namespace, f"app={name}")[0]
+    return product.pods(namespace, selector)[0]
 
 
 def http_get(

@@ -10,20 +10,28 @@ bridge address: the proxy pod reaches the node, never anything off the machine.
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import wait_until
-from tests.e2e.packaging_support import deployment_available, get_json
+from tests.e2e.packaging_support import CHART, deployment_available, get_json, is_injected
 from tests.node.conftest import NodeHolder
 from tests.node.pods import BUSYBOX_IMAGE
 from tests.node.product import (
     CLUSTER_NAME,
     OPERATOR_NS,
+    RELEASE,
     Product,
     decode,
     deployment,
@@ -495,6 +503,194 @@ def test_a_shell_script_runs_unchanged(product: Product, variants_ns: str) -> No
     assert "rror" not in out, out
 
 
+# --- faults, upgrade and operator outage (issue 13) ---------------------------------------------
+
+PROXY_SELECTOR = "app.kubernetes.io/component=telemetry-proxy"
+MANAGER_SELECTOR = "control-plane=controller-manager"
+
+
+def proxy_metric(product: Product, name: str, exporter: str = "otlp_http/lumigo") -> float:
+    """The sum of one collector metric of `exporter` over the proxy pods (their :8888)."""
+    total = 0.0
+    for pod in product.pods(OPERATOR_NS, PROXY_SELECTOR):
+        ip = pod["status"].get("podIP")
+        if not ip:
+            continue
+        with urllib.request.urlopen(f"http://{ip}:8888/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name) and f'exporter="{exporter}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def traced_app(product: Product, namespace: str, token: str, name: str = "flask") -> str:
+    """A namespace with the README's Lumigo (`token`) and a traced Flask app; its pod name."""
+    product.new_namespace(namespace)
+    product.kubectl("apply", "-n", namespace, "-f", "-", input=readme_yaml(token))
+    product.kubectl(
+        "apply", "-n", namespace, "-f", "-",
+        input=json.dumps(deployment(name, product.images["python-app"])),
+    )  # fmt: skip
+    pod = rolled_out(product, namespace, name)
+    assert [c["name"] for c in pod["spec"].get("initContainers", [])] == ["lumigo-injector"]
+    return str(pod["metadata"]["name"])
+
+
+def test_a_token_the_upstream_refuses_leaves_the_app_serving_and_shows_in_the_proxy_log_and_metric(
+    product: Product,
+) -> None:
+    wrong = f"t_{uuid.uuid4().hex[:21]}"
+    product.sink.refused_tokens.add(wrong)
+    pod_name = traced_app(product, "wrong-token", wrong)
+    failed_before = proxy_metric(product, "otelcol_exporter_send_failed_spans")
+
+    def refused() -> bool:
+        http_get(product, "wrong-token", pod_name, "/")  # answers 200 every time, or raises
+        return product.sink.refused > 0
+
+    wait_for(refused, 180, "the sink refusing the wrong token's spans", interval=2)
+    # Refused is final (401 is a permanent error): the spans are counted as failed and dropped
+    # at once, not retried in the background (that would count them only after minutes).
+    wait_for(
+        lambda: proxy_metric(product, "otelcol_exporter_send_failed_spans") > failed_before,
+        60,
+        "the proxy's send_failed_spans metric to grow",
+    )
+    logs = product.kubectl("logs", "-n", OPERATOR_NS, "-l", PROXY_SELECTOR, "--tail=-1")
+    assert "401" in logs, logs[-2000:]
+    assert wrong not in logs  # the token itself never appears in the proxy's log
+    (pod,) = product.pods("wrong-token", "app=flask")
+    assert all(c["restartCount"] == 0 for c in pod["status"]["containerStatuses"])
+
+
+def test_the_sink_down_for_60_s_leaves_the_apps_answering_and_the_spans_arrive_afterwards(
+    product: Product, original_specs: dict[str, JSON]
+) -> None:
+    (pod,) = product.pods(APPS_NS, "app=flask")
+    pod_name = pod["metadata"]["name"]
+    marker = uuid.uuid4().hex[:12]
+    sent: list[str] = []
+    with product.sink.outage():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            query = f"outage={marker}-{len(sent)}"
+            http_get(product, APPS_NS, pod_name, f"/?{query}", timeout=10)  # 200, or raises
+            sent.append(query)
+            time.sleep(1)
+
+    def delivered() -> set[str]:
+        return {
+            query
+            for s in product.sink.spans()
+            if s.resource.get("k8s.pod.name") == pod_name
+            for value in s.attributes.values()
+            for query in sent
+            if isinstance(value, str) and value.endswith(query)
+        }
+
+    # The proxy's sending queue holds them and its exporter retries: every one arrives.
+    wait_for(lambda: delivered() == set(sent), 180, "the spans sent during the outage")
+
+
+def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_and_lumigoes(
+    product: Product, original_specs: dict[str, JSON], tmp_path: Path
+) -> None:
+    fullname = full(product)
+    certs = f"{fullname}-lumigo-injector-webhook-certs"
+    secret_before = get_json(product.cluster, "secret", certs, "-n", OPERATOR_NS)["data"]
+    (manager_before,) = product.pods(OPERATOR_NS, MANAGER_SELECTOR)
+    apps_before = {n: product.pods(APPS_NS, f"app={n}")[0]["metadata"]["uid"] for n in APPS}
+
+    # A changed chart (a new version) and a changed value (the manager's pod annotations).
+    chart = tmp_path / "lumigo-operator"
+    shutil.copytree(CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["version"] = f"{meta['version']}-upgrade"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    product.release.helm(
+        "upgrade", RELEASE, str(chart), "--reuse-values", "--wait", "--timeout", "180s",
+        "--set", "controllerManager.podAnnotations.upgraded=yes",
+    )  # fmt: skip
+
+    def new_manager_ready() -> bool:
+        pods = product.pods(OPERATOR_NS, MANAGER_SELECTOR)
+        return (
+            len(pods) == 1
+            and pods[0]["metadata"]["uid"] != manager_before["metadata"]["uid"]
+            and all(c["ready"] for c in pods[0]["status"].get("containerStatuses", []))
+        )
+
+    wait_until(new_manager_ready, 180, "the upgraded manager pod Ready")
+    (manager,) = product.pods(OPERATOR_NS, MANAGER_SELECTOR)
+    assert manager["metadata"]["annotations"]["upgraded"] == "yes"
+    # The certificate is the same, and so is the CA the webhooks trust.
+    assert get_json(product.cluster, "secret", certs, "-n", OPERATOR_NS)["data"] == secret_before
+    ca = base64.b64decode(secret_before["ca.crt"]).strip()
+    for config in get_json(product.cluster, "mutatingwebhookconfigurations", "-l",
+                           f"app.kubernetes.io/instance={RELEASE}")["items"]:  # fmt: skip
+        assert ca in base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"])
+    # The Lumigo and the instrumentation stay: the apps' pods were not even restarted.
+    lumigo = get_json(product.cluster, "lumigo", "lumigo", "-n", APPS_NS)
+    assert not lumigo["metadata"].get("deletionTimestamp")
+    for name, uid in apps_before.items():
+        (pod,) = product.pods(APPS_NS, f"app={name}")
+        assert pod["metadata"]["uid"] == uid, f"{name} was restarted by the upgrade"
+        assert is_injected(get_json(product.cluster, "deployment", name, "-n", APPS_NS))
+    # The upgraded manager serves the injector with that certificate.
+    product.kubectl(
+        "apply", "-n", APPS_NS, "-f", "-",
+        input=json.dumps(deployment("after-upgrade", product.images["python-app"])),
+    )  # fmt: skip
+    assert is_injected(get_json(product.cluster, "deployment", "after-upgrade", "-n", APPS_NS))
+    product.kubectl("delete", "deployment", "after-upgrade", "-n", APPS_NS, "--wait=false")
+
+
+def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_it_is_back(
+    product: Product,
+) -> None:
+    ns = "outage"
+    traced_app(product, ns, TOKEN, name="before")
+    doomed = "outage-delete"
+    product.new_namespace(doomed)
+    product.kubectl("apply", "-n", doomed, "-f", "-", input=readme_yaml(TOKEN))
+    manager = f"{full(product)}-controller-manager"
+    product.kubectl("scale", "deployment", manager, "-n", OPERATOR_NS, "--replicas=0")
+
+    def no_manager() -> bool:
+        return not get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)[
+            "items"
+        ]
+
+    wait_until(no_manager, 120, "no manager pod")
+    try:
+        # The injector's failurePolicy is Ignore: admitted, not (yet) instrumented.
+        created = product.kubectl(
+            "apply", "-n", ns, "-o", "json", "-f", "-",
+            input=json.dumps(deployment("during", product.images["python-app"])),
+        )  # fmt: skip
+        assert not json.loads(created)["spec"]["template"]["spec"].get("initContainers")
+        # The defaulter's failurePolicy Fail does not block deleting a Lumigo.
+        product.kubectl("delete", "lumigo", "lumigo", "-n", doomed, "--wait=false")
+        lumigo = get_json(product.cluster, "lumigo", "lumigo", "-n", doomed)
+        assert lumigo["metadata"]["deletionTimestamp"]
+    finally:
+        product.kubectl("scale", "deployment", manager, "-n", OPERATOR_NS, "--replicas=1")
+
+    wait_until(
+        lambda: is_injected(get_json(product.cluster, "deployment", "during", "-n", ns)),
+        180,
+        "the Deployment created during the outage instrumented",
+    )
+    pod = rolled_out(product, ns, "during")
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["lumigo-injector"]
+    wait_until(
+        lambda: not product.kubectl("get", "lumigo", "-n", doomed, "-o", "name").strip(),
+        120,
+        "the deleted Lumigo gone once its finalizer ran",
+    )
+
+
 def traced_barrier(product: Product) -> tuple[str, str]:
     """A second traced namespace with a Flask app: its spans and objects prove the proxy still
     forwards while the first namespace sends nothing (an absence is only meaningful next to a
@@ -508,6 +704,35 @@ def traced_barrier(product: Product) -> tuple[str, str]:
     pod = rolled_out(product, ns, "flask")
     assert [c["name"] for c in pod["spec"]["initContainers"]] == ["lumigo-injector"]
     return ns, pod["metadata"]["name"]
+
+
+def proxy_settled_without(product: Product, namespace: str) -> None:
+    """Wait until the proxy's configuration leaves `namespace` out and every proxy pod runs it.
+
+    The configuration change is a rolling restart: until the old pod is gone (terminating pods
+    included) it still watches the namespace and forwards what it sees. "Nothing arrives
+    afterwards" holds from there on, not from the moment the Lumigo is deleted."""
+    fullname = full(product)
+    proxy = f"{fullname}-telemetry-proxy"
+    selector = "app.kubernetes.io/component=telemetry-proxy"
+
+    def config_without() -> bool:
+        secret = get_json(product.cluster, "secret", f"{proxy}-config", "-n", OPERATOR_NS)
+        text = base64.b64decode(secret["data"]["config.yaml"]).decode()
+        template = get_json(product.cluster, "deployment", proxy, "-n", OPERATOR_NS)["spec"]
+        annotations = template["template"]["metadata"].get("annotations", {})
+        stored = secret["metadata"]["annotations"].get(CONFIG_HASH_ANNOTATION)
+        rolled_to = annotations.get(CONFIG_HASH_ANNOTATION)
+        return f"k8s_objects/{namespace}" not in text and rolled_to == stored
+
+    wait_until(config_without, 120, f"the proxy configuration without {namespace}")
+    rolled_out(product, OPERATOR_NS, proxy, selector=selector)
+
+    def no_old_pods() -> bool:
+        items = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", selector)["items"]
+        return not any(p["metadata"].get("deletionTimestamp") for p in items)
+
+    wait_until(no_old_pods, 120, "the old proxy pods gone")
 
 
 def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
@@ -527,6 +752,7 @@ def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
         assert not pod["spec"].get("initContainers")
         env = [e["name"] for c in pod["spec"]["containers"] for e in c.get("env", [])]
         assert "LD_PRELOAD" not in env
+    proxy_settled_without(product, APPS_NS)
     pods = {name: product.pods(APPS_NS, f"app={name}")[0]["metadata"]["name"] for name in APPS}
 
     # After the removal: requests to the apps, a Deployment created in the namespace; then the
@@ -562,3 +788,44 @@ def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
                 or the_object(r).get("metadata", {}).get("namespace") == APPS_NS]  # fmt: skip
     assert not get_json(product.cluster, "deployment", "after-removal", "-n", APPS_NS)["spec"][
         "template"]["spec"].get("initContainers")  # fmt: skip
+
+
+def test_helm_uninstall_runs_the_pre_delete_job_and_leaves_nothing_behind(product: Product) -> None:
+    """Last: the release goes. The barrier namespace still has its Lumigo and a traced app."""
+    fullname = full(product)
+    instrumented = [
+        d for d in get_json(product.cluster, "deployments", "-A")["items"] if is_injected(d)
+    ]
+    assert instrumented  # something for the hook to undo
+    product.release.uninstall()
+
+    # The hook ran as a real Job on the node: its events outlive it (deleted on success).
+    def job_events() -> set[str]:
+        events = get_json(product.cluster, "events", "-n", OPERATOR_NS)["items"]
+        return {
+            e["reason"]
+            for e in events
+            if e["involvedObject"]["kind"] == "Job"
+            and e["involvedObject"]["name"] == f"{fullname}-uninstall-hook"
+        }
+
+    reasons = wait_for(lambda: {"SuccessfulCreate", "Completed"} <= job_events(), 60,
+                       "the uninstall Job's events")  # fmt: skip
+    assert reasons
+    # No Lumigo, no instrumented workload, no webhook configuration, no pod of the release.
+    assert not product.kubectl("get", "lumigoes", "-A", "-o", "name").strip()
+    assert not [
+        d["metadata"]["name"]
+        for d in get_json(product.cluster, "deployments", "-A")["items"]
+        if is_injected(d)
+    ]
+    for d in instrumented:
+        meta = d["metadata"]
+        pod = rolled_out(product, meta["namespace"], meta["name"])
+        assert not pod["spec"].get("initContainers"), meta
+    assert product.release.cluster_scoped_leftovers() == []
+    wait_until(
+        lambda: not get_json(product.cluster, "pods", "-n", OPERATOR_NS)["items"],
+        120,
+        f"no pod left in {OPERATOR_NS}",
+    )

@@ -81,6 +81,7 @@ class SpanSeen:
     resource: dict[str, Any]
     name: str
     authorization: str
+    attributes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,11 +95,17 @@ class LogSeen:
 
 @dataclass
 class OTLPSink:
-    """An OTLP/HTTP receiver on 127.0.0.1 recording every request (start/stop it)."""
+    """An OTLP/HTTP receiver recording every request (start/stop it); on 127.0.0.1 unless told.
+
+    `refused_tokens`: requests whose Authorization names one of them get 401 (a token that is
+    wrong for the upstream) and are only counted, in `refused`. `outage()` takes it down."""
 
     requests: list[Received] = field(default_factory=list)
     count_only: bool = False  # benchmarks: count spans, keep nothing
     spans_received: int = 0
+    host: str = "127.0.0.1"
+    refused_tokens: set[str] = field(default_factory=set)
+    refused: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -123,14 +130,18 @@ class OTLPSink:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._handler = Handler
+        self._bind(0)
+
+    def _bind(self, port: int) -> None:
+        self._server = http.server.ThreadingHTTPServer((self.host, port), self._handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> OTLPSink:
         self._thread.start()
@@ -140,8 +151,23 @@ class OTLPSink:
         self._server.shutdown()
         self._server.server_close()
 
+    @contextlib.contextmanager
+    def outage(self) -> Iterator[None]:
+        """Down inside the block (connections refused), back on the same port after it."""
+        self.stop()
+        try:
+            yield
+        finally:
+            self._bind(self.port)
+            self.start()
+
     def _record(self, path: str, headers: dict[str, str], body: bytes) -> int:
         message: Any
+        authorization = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        if any(token and token in authorization for token in self.refused_tokens):
+            with self._lock:
+                self.refused += 1
+            return 401
         if path == "/v1/traces":
             message = trace_service_pb2.ExportTraceServiceRequest()
         elif path == "/v1/logs":
@@ -166,7 +192,12 @@ class OTLPSink:
         with self._lock:
             received = [r for r in self.requests if r.path == "/v1/traces"]
         return [
-            SpanSeen(attrs(rs.resource.attributes), span.name, r.headers.get("authorization", ""))
+            SpanSeen(
+                attrs(rs.resource.attributes),
+                span.name,
+                r.headers.get("authorization", ""),
+                attrs(span.attributes),
+            )
             for r in received
             for rs in r.message.resource_spans
             for ss in rs.scope_spans

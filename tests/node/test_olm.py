@@ -1,0 +1,116 @@
+"""The OLM install on the real node (issue 13, item 6): the project's catalog served by
+`opm serve`, OLM's olm and catalog operators as local processes, a Subscription; the CSV's
+Deployments run as real pods from the images built here, with the certificates OLM made, and a
+Deployment created afterwards in a namespace with the README's Lumigo is traced into a sink.
+
+The CSV names the published images; the built ones are tagged with those names in the node's
+containerd (pull policy IfNotPresent), so nothing is pulled.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import yaml
+
+from tests.e2e.packaging_support import ROOT, deployment_available, get_json
+from tests.node.conftest import NodeHolder
+from tests.node.product import (
+    Product,
+    deployment,
+    http_get,
+    node_cluster,
+    node_sink,
+    readme_yaml,
+    rolled_out,
+    wait_for,
+)
+from tests.support.olm import CSV_NAME, PACKAGE, running_olm, subscribe
+
+CSV = ROOT / "bundle" / "manifests" / f"{PACKAGE}.clusterserviceversion.yaml"
+# relatedImages name -> the image hack/build-images builds for it
+BUILT_FOR = {
+    "lumigo-operator": "operator",
+    "lumigo-autotrace": "autotrace",
+    "opentelemetry-collector-contrib": "telemetry-proxy",
+}
+FULLNAME = "lumigo-lumigo-operator"
+JSON = dict[str, Any]
+
+
+def normalized(ref: str) -> str:
+    """The name the kubelet asks containerd for (`otel/x:1` is `docker.io/otel/x:1`)."""
+    first, _, rest = ref.partition("/")
+    if not rest:
+        return f"docker.io/library/{ref}"
+    if "." in first or ":" in first or first == "localhost":
+        return ref
+    return f"docker.io/{ref}"
+
+
+def csv_images() -> dict[str, str]:
+    """Built image name -> the reference the CSV uses for it."""
+    csv = yaml.safe_load(CSV.read_text())
+    return {BUILT_FOR[i["name"]]: normalized(i["image"]) for i in csv["spec"]["relatedImages"]}
+
+
+def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwards_is_traced(
+    node_holder: NodeHolder,
+) -> None:
+    token = f"t_{uuid.uuid4().hex[:21]}"
+    with node_cluster(node_holder) as (cluster, node, built):
+        for name, ref in csv_images().items():
+            node.ctr("images", "tag", "--force", str(built[name]["ref"]), ref)
+        sink = node_sink(node.node_ip)
+        try:
+            with running_olm(cluster) as olm:
+                ns = olm.operator_namespace
+                url = f"http://{node.node_ip}:{sink.port}"
+                subscribe(olm, env=[
+                    {"name": "LUMIGO_ENDPOINT", "value": url},
+                    {"name": "LUMIGO_LOGS_ENDPOINT", "value": f"{url}/v1/logs"},
+                    {"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-node"},
+                ])  # fmt: skip
+                csv = get_json(cluster, "csv", CSV_NAME, "-n", ns)
+                assert csv["status"]["phase"] == "Succeeded"
+
+                # The manager: a real pod on the node, Ready, serving with OLM's certificate.
+                manager = f"{FULLNAME}-controller-manager"
+                wait_for(lambda: deployment_available(cluster, ns, manager), 180, "the manager")
+                pods = get_json(cluster, "pods", "-n", ns, "-l",
+                                "control-plane=controller-manager")["items"]  # fmt: skip
+                (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+                assert pod["spec"]["nodeName"] == node.name
+                (status,) = pod["status"]["containerStatuses"]
+                assert status["ready"]
+                assert status["image"].endswith("lumigo-operator:v0.1.0")
+                assert get_json(cluster, "secret", f"{manager}-service-cert", "-n", ns)["data"]
+                proxy = f"{FULLNAME}-telemetry-proxy"
+                wait_for(lambda: deployment_available(cluster, ns, proxy), 180, "the proxy")
+
+                # A Deployment created after the install, in a namespace with the Lumigo.
+                app_ns = "olm-app"
+                # The product helpers, without a Helm release (OLM installed this one).
+                product = Product(cluster, node, None, sink, {})  # type: ignore[arg-type]
+                product.new_namespace(app_ns)
+                product.kubectl("apply", "-n", app_ns, "-f", "-", input=readme_yaml(token))
+                image = str(built["python-app"]["ref"])
+                product.kubectl("apply", "-n", app_ns, "-f", "-",
+                                input=json.dumps(deployment("flask", image)))  # fmt: skip
+                app = rolled_out(product, app_ns, "flask")
+                assert [c["name"] for c in app["spec"]["initContainers"]] == ["lumigo-injector"]
+                (init,) = app["status"]["initContainerStatuses"]
+                assert init["state"]["terminated"]["exitCode"] == 0
+                pod_name = app["metadata"]["name"]
+
+                def traced() -> list[Any]:
+                    http_get(product, app_ns, pod_name, "/")
+                    return [s for s in sink.spans() if s.resource.get("k8s.pod.name") == pod_name]
+
+                spans = wait_for(traced, 180, "the app's spans at the sink", interval=2)
+                assert spans[0].authorization == f"LumigoToken {token}"
+                assert spans[0].resource["k8s.cluster.name"] == "olm-node"
+        finally:
+            sink.stop()
