@@ -689,6 +689,18 @@ def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_i
         120,
         "the deleted Lumigo gone once its finalizer ran",
     )
+    # Back to normal: the manager Available and the defaulter reachable through its Service
+    # again (until kube-proxy routes to the new pod, a Lumigo create is refused: failurePolicy
+    # Fail, by design).
+    wait_until(lambda: deployment_available(product.cluster, OPERATOR_NS, manager), 120,
+               "the manager Available")  # fmt: skip
+
+    def defaulter_answers() -> bool:
+        out = product.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-",
+                              input=readme_yaml(TOKEN), check=False)  # fmt: skip
+        return "lumigo.operator.lumigo.io/lumigo" in out and "Error" not in out
+
+    wait_until(defaulter_answers, 120, "the defaulter webhook answering again")
 
 
 def traced_barrier(product: Product) -> tuple[str, str]:
