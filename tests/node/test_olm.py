@@ -85,7 +85,10 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                 assert pod["spec"]["nodeName"] == node.name
                 (status,) = pod["status"]["containerStatuses"]
                 assert status["ready"]
-                assert status["image"].endswith("lumigo-operator:v0.1.0")
+                # The CSV's image name, which the node resolves to the image built here.
+                assert pod["spec"]["containers"][0]["image"] == csv_images()[
+                    "operator"
+                ].removeprefix("docker.io/")
                 assert get_json(cluster, "secret", f"{manager}-service-cert", "-n", ns)["data"]
                 proxy = f"{FULLNAME}-telemetry-proxy"
                 wait_for(lambda: deployment_available(cluster, ns, proxy), 180, "the proxy")
