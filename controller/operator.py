@@ -21,8 +21,10 @@ from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
 from controller.runtime.informer import Informer, metadata_projection
 from controller.runtime.kube import KubeClient
-from controller.runtime.manager import Controller, Manager, ManagerOptions, Runnable
+from controller.runtime.manager import Controller, Manager, ManagerOptions, Result, Runnable
+from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, WORKLOADS
+from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
 from controller.telemetry.config import DEFAULT_UPSTREAM, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
@@ -101,7 +103,9 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         client, lookup=lambda kind, ns, name: workloads[kind].get(ns, name) if kind in workloads
         else None,
     )  # fmt: skip
-    manager.add_runnable(Runnable("event-recorder", recorder.start, recorder.stop))
+    manager.add_runnable(
+        Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
+    )
 
     settings = InjectionSettings(
         operator_version=opts.operator_version,
@@ -194,11 +198,25 @@ def _add_webhook(
     ]
     for informer in watched:
         informer.add_handler(replica)
-        informer.add_handler(writer)  # it only wakes its loop, which runs on the leader
+        # On every replica: the writer remembers the last good Secret (a new leader needs it)
+        # and wakes its controller, which runs on the leader only.
+        informer.add_handler(writer)
     manager.add_runnable(Runnable("webhook-certificates", replica.start, replica.stop))
-    manager.add_runnable(Runnable("webhook-cert-writer", writer.start, writer.stop,
-                                  leader_only=True))  # fmt: skip
+    manager.add_controller(cert_writer_controller(writer))
     manager.probes.readyz["webhook-certificate"] = replica.ready
+
+
+def cert_writer_controller(writer: CertWriter) -> Controller:
+    """The certificate writer's loop: a single-key controller of the runtime. Its events and
+    `rotate_ca` ask for a pass; it looks again when the next certificate step is due, and backs
+    off from 0.5 s to 60 s while the API server fails."""
+    controller = single_key_controller(
+        "webhook-certificates",
+        lambda: Result(requeue_after=writer.sync()),
+        rate_limiter=ItemExponentialFailureRateLimiter(0.5, 60.0),
+    )
+    writer.wake = lambda: trigger(controller)
+    return controller
 
 
 def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
@@ -217,8 +235,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         lease_namespace=opts.namespace,
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)
-    manager.add_runnable(Runnable("telemetry-proxy-config", telemetry.start, telemetry.stop,
-                                  leader_only=True))  # fmt: skip
+    manager.add_controller(telemetry.controller())
 
 
 def run(opts: RunOptions) -> int:

@@ -16,8 +16,8 @@ Gating, in the reference's order and with its texts (reference §3 steps 1-8):
  1. DELETE (or CONNECT): allowed, nothing to do.
  2. Not one of the six workload kinds: allowed, "does not mutate resources of type ...".
     An object that does not decode as its kind: BadRequest (HTTP 400).
- 3. The Lumigo resources of the namespace; if there are several, the oldest (creationTimestamp,
-    then name) counts, as in the controller.
+ 3. The Lumigo resources of the namespace; if there are several, the one that governs it counts
+    (`api.effective`: the same rule as the controller and the telemetry proxy).
  4. None: inject only if the workload is labelled `lumigo.auto-trace=true`, with the token and
     flags from its `lumigo.token-secret`/`lumigo.token-key`/`lumigo.enable-*` labels.
  5. Injection disabled in the spec, or the resource not Active (or being deleted): allowed
@@ -45,6 +45,7 @@ from typing import Any, Final, Protocol
 from prometheus_client import Counter
 
 from api import constants
+from api.effective import governing, in_effect
 from api.lumigo import load_spec
 from webhook import events, mutation
 from webhook.admission.jsonpatch import diff
@@ -215,12 +216,13 @@ class InjectHandler:
                 return _Decision(allow(request, message), "skipped", "no-lumigo")
             source = _Source("label-opt-in", namespace, subject.name)
         else:
-            lumigo = oldest(lumigoes)
+            lumigo = governing(lumigoes)
+            assert lumigo is not None
             spec = lumigo.get("spec")
             if _injection_disabled(spec):
                 message = INJECTION_DISABLED.format(namespace=namespace)
                 return _Decision(allow(request, message), "skipped", "injection-disabled")
-            if not is_active(lumigo) or _metadata(lumigo).get("deletionTimestamp"):
+            if not in_effect(lumigo):
                 # Being deleted: the controller is removing instrumentation from the namespace,
                 # so new workloads must not get it either.
                 message = NOT_ACTIVE.format(namespace=namespace)
@@ -351,32 +353,6 @@ def settings_from_labels(base: InjectionSettings, labels: Mapping[str, Any]) -> 
         token_secret_key=text(constants.LABEL_TOKEN_KEY) or constants.DEFAULT_TOKEN_KEY,
         enable_traces=text(constants.LABEL_ENABLE_TRACES).lower() != "false",
         enable_logs=text(constants.LABEL_ENABLE_LOGS).lower() == "true",
-    )
-
-
-def oldest(lumigoes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The Lumigo resource that takes effect: oldest creationTimestamp, then name (as the
-    controller decides; the reference used whichever the list returned first)."""
-
-    def order(lumigo: Mapping[str, Any]) -> tuple[bool, str, str]:
-        meta = _metadata(lumigo)
-        created = str(meta.get("creationTimestamp") or "")
-        return (created == "", created, str(meta.get("name") or ""))
-
-    return min(lumigoes, key=order)
-
-
-def is_active(lumigo: Mapping[str, Any]) -> bool:
-    """Its status has an `Active` condition with status "True"."""
-    status = lumigo.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    if not isinstance(conditions, list):
-        return False
-    return any(
-        isinstance(c, Mapping)
-        and c.get("type") == constants.CONDITION_ACTIVE
-        and c.get("status") == "True"
-        for c in conditions
     )
 
 

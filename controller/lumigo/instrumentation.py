@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from api import constants
 from controller.runtime.kube import KubeClient
+from controller.runtime.logs import in_log_context
+from controller.runtime.manager import ReconcileError
 from controller.runtime.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
 from webhook import events, mutation
 from webhook.admission import jsonpatch
@@ -50,6 +52,23 @@ class Outcome:
     target: Target
     changed: bool
     error: str | None = None
+
+
+class InstrumentationIncomplete(ReconcileError):
+    """Some workloads could not be (un)instrumented: retry with backoff."""
+
+    def __init__(self, action: str, failed: list[Outcome], total: int) -> None:
+        self.failed = failed
+        first = failed[0]
+        super().__init__(
+            f"could not {action} {len(failed)} of {total} workloads; first: "
+            f"{first.target.resource.kind} {first.target.name}: {first.error}"
+        )
+
+
+def target_order(target: Target) -> tuple[int, str]:
+    """Kind order DaemonSet, Deployment, ReplicaSet, StatefulSet, CronJob, Job; then by name."""
+    return (constants.KIND_ORDER.get(target.resource.kind, 99), target.name)
 
 
 def is_labelled_instrumented(obj: JSON) -> bool:
@@ -149,7 +168,7 @@ class Instrumenter:
         if len(items) <= 1:
             return [fn(t) for t in items]
         with ThreadPoolExecutor(min(self.concurrency, len(items)), "instrument") as pool:
-            return list(pool.map(fn, items))
+            return list(pool.map(in_log_context(fn), items))  # keeps the reconcile ID
 
     # -- internals -----------------------------------------------------------------------------
     def _write(

@@ -3,18 +3,20 @@
 Level-triggered: every reconcile computes what should be true of the namespace from the cache and
 the API server, and makes it so — so a crash at any point is repaired by the next reconcile.
 
-- One Lumigo per namespace takes effect: the oldest (creationTimestamp, then name); the others
-  get the reference's Error condition.
+- One Lumigo per namespace governs it (`api.effective`: the oldest, by creationTimestamp then
+  name); the others get the reference's Error condition.
 - Instrumentation: every workload without a `lumigo.auto-trace` label in an active namespace is
   instrumented by the controller if `injectLumigoIntoExistingResourcesOnCreation` is set, or if it
   was created after the Lumigo became active (the webhook should have done it, but it was down:
   its failurePolicy is Ignore). Deployment-owned ReplicaSets follow their Deployment; Jobs cannot be
   changed and get an event instead, once, on first activation.
 - Deletion: with the finalizer in place, instrumentation is removed (if the spec says so) before
-  the finalizer is dropped, with a resourceVersion precondition so that only ours goes.
+  the finalizer is dropped, with a resourceVersion precondition so that only ours goes
+  (`controller.lumigo.removal`, shared with `lumigo-operator uninstall`).
 - Token Secrets are read with a GET on every reconcile and re-checked every `resync_period`
   (every `error_requeue` while in error): no list/watch of Secrets cluster-wide is needed, so the
-  operator's RBAC holds `get` on Secrets only.
+  operator's RBAC holds `get` on Secrets only. A read that fails (other than 404) says nothing
+  about the Secret: the reconcile fails and is retried with backoff, changing nothing.
 """
 
 from __future__ import annotations
@@ -27,14 +29,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import constants
+from api.effective import governing
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
+from controller.lumigo import removal
 from controller.lumigo import status as st
-from controller.lumigo.instrumentation import Instrumenter, Target, is_labelled_instrumented
+from controller.lumigo.instrumentation import (
+    InstrumentationIncomplete,
+    Instrumenter,
+    Target,
+    is_labelled_instrumented,
+    target_order,
+)
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
-from controller.runtime.manager import Result
-from controller.runtime.resources import SECRETS, WORKLOADS, ApiError
+from controller.runtime.manager import ReconcileError, Result
+from controller.runtime.resources import SECRETS, ApiError
 from controller.runtime.store import ObjectKey
 from webhook import events, mutation
 from webhook.mutation import is_deployment_owned
@@ -46,17 +56,8 @@ BULK_LIST_THRESHOLD = 10
 SettingsFactory = Callable[[LumigoSpec], mutation.InjectionSettings]
 
 
-class InstrumentationIncomplete(Exception):
-    """Some workloads could not be (un)instrumented: retry with backoff."""
-
-
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def creation_order(obj: JSON) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))
 
 
 @dataclass
@@ -108,16 +109,19 @@ class LumigoReconciler:
             try:
                 secret = self.client.get_or_none(SECRETS, ref.name, namespace)
             except ApiError as err:
-                log.warning("cannot read the token secret", extra={"error": str(err)})
+                # Not "missing": the Secret may be fine. Change nothing (the status, the
+                # instrumented list, what the webhook and the proxy do) and retry with backoff.
+                raise ReconcileError(
+                    f"cannot read the token secret '{namespace}/{ref.name}': {err}"
+                ) from err
         problem = st.token_secret_problem(namespace, ref, secret)
         if problem is not None:
             return problem, st.REASON_INVALID_SECRET, None
         return None, "", spec
 
     def effective_lumigo(self, namespace: str) -> JSON | None:
-        """The namespace's Lumigo that takes effect: the oldest one."""
-        candidates = self.lumigoes.store.list(namespace)
-        return min(candidates, key=creation_order) if candidates else None
+        """The namespace's governing Lumigo (`api.effective`); the others are duplicates."""
+        return governing(self.lumigoes.store.list(namespace))
 
     # -- instrumentation -----------------------------------------------------------------------
     def _instrument_namespace(self, lumigo: JSON, spec: LumigoSpec, first_activation: bool) -> None:
@@ -155,16 +159,13 @@ class LumigoReconciler:
         trigger = events.controller_trigger(namespace, name)
         settings = self.settings_for(spec)
         outcomes = self.instrumenter.instrument_all(
-            sorted(targets, key=_target_order), settings, trigger, self._listed(namespace, targets)
+            sorted(targets, key=target_order), settings, trigger, self._listed(namespace, targets)
         )
         for job in jobs:
             self.instrumenter.instrument(job, settings, trigger)  # records the immutability event
         failed = [o for o in outcomes if o.error]
         if failed:
-            raise InstrumentationIncomplete(
-                f"could not instrument {len(failed)} of {len(outcomes)} workloads; first: "
-                f"{failed[0].target.resource.kind} {failed[0].target.name}: {failed[0].error}"
-            )
+            raise InstrumentationIncomplete("instrument", failed, len(outcomes))
 
     def _listed(self, namespace: str, targets: list[Target]) -> dict[Target, JSON]:
         """Full copies of many targets from one paginated LIST per kind instead of a GET each
@@ -193,50 +194,9 @@ class LumigoReconciler:
 
     # -- deletion ------------------------------------------------------------------------------
     def _finalize(self, lumigo: JSON) -> None:
-        meta = lumigo["metadata"]
-        if constants.FINALIZER not in (meta.get("finalizers") or []):
-            return
-        if st.is_active(lumigo) and self._removal_wanted(lumigo):
-            namespace, name = meta["namespace"], meta["name"]
-            trigger = events.controller_trigger(namespace, name)
-            # Live LISTs, not the cache: a workload created a moment ago may not be cached yet,
-            # and once the finalizer is gone nobody would clean it up. Until it is gone, pass
-            # again over anything the webhook injected meanwhile.
-            immutable: set[Target] = set()  # Jobs: one CannotRemove event each is enough
-            for _ in range(3):
-                targets = [t for t in self._live_instrumented(namespace) if t not in immutable]
-                if not targets:
-                    break
-                immutable |= {t for t in targets if t.resource.kind == "Job"}
-                outcomes = self.instrumenter.uninstrument_all(targets, trigger)
-                failed = [o for o in outcomes if o.error]
-                if failed:
-                    raise InstrumentationIncomplete(
-                        f"could not remove instrumentation from {len(failed)} workloads; "
-                        f"first: {failed[0].target.name}: {failed[0].error}"
-                    )
-        self._remove_finalizer(lumigo)
-
-    def _live_instrumented(self, namespace: str) -> list[Target]:
-        targets = []
-        for resource in WORKLOADS:
-            items, _ = self.client.list(
-                resource, namespace, label_selector=constants.LABEL_AUTO_TRACE
-            )
-            targets += [
-                Target.of(o)
-                for o in items
-                if is_labelled_instrumented(o) and not is_deployment_owned(o)
-            ]
-        return sorted(targets, key=_target_order)
-
-    def _removal_wanted(self, lumigo: JSON) -> bool:
-        try:
-            spec = load_spec(lumigo.get("spec"))
-        except InvalidSpecError:
-            return False
-        injection = spec.tracing.injection
-        return injection.enabled and injection.remove_lumigo_from_resources_on_deletion
+        """Ours to finalize: what deleting a Lumigo does (`removal`), shared with uninstall."""
+        if constants.FINALIZER in (lumigo["metadata"].get("finalizers") or []):
+            removal.finalize(self.client, self.instrumenter, lumigo)
 
     def _ensure_finalizer(self, lumigo: JSON) -> JSON:
         meta = lumigo["metadata"]
@@ -250,16 +210,6 @@ class LumigoReconciler:
             }
         }
         return self.client.merge_patch(LUMIGOES, meta["name"], patch, meta["namespace"])
-
-    def _remove_finalizer(self, lumigo: JSON) -> None:
-        meta = lumigo["metadata"]
-        finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
-        patch = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-        try:
-            self.client.merge_patch(LUMIGOES, meta["name"], patch, meta["namespace"])
-        except ApiError as err:
-            if not err.not_found:
-                raise
 
     # -- status --------------------------------------------------------------------------------
     def _write_status(
@@ -298,7 +248,3 @@ class LumigoReconciler:
             self.client.update_with_retry(
                 LUMIGOES, meta["name"], meta["namespace"], desired, subresource="status"
             )
-
-
-def _target_order(target: Target) -> tuple[int, str]:
-    return (constants.KIND_ORDER.get(target.resource.kind, 99), target.name)

@@ -153,11 +153,6 @@ def condition(status: JSON | None, type_: str) -> JSON | None:
     return None
 
 
-def is_active(obj: JSON) -> bool:
-    active = condition(obj.get("status"), constants.CONDITION_ACTIVE)
-    return active is not None and active.get("status") == "True"
-
-
 def was_ever_activated(obj: JSON) -> bool:
     """The reference's "just created" test, negated: an Active condition exists at all."""
     return condition(obj.get("status"), constants.CONDITION_ACTIVE) is not None

@@ -3,7 +3,8 @@
 1. Delete every Lumigo resource; a running operator's finalizer removes instrumentation per
    namespace (honouring `removeLumigoFromResourcesOnDeletion`).
 2. Wait (bounded) for them to disappear. Any that remain — no operator running, or a stuck
-   finalizer — get the same treatment here, and then their finalizer is dropped.
+   finalizer — get the same treatment here (`controller.lumigo.removal`, the finalizer's own
+   code), and then their finalizer is dropped.
 3. Strip instrumentation from every workload still labelled as instrumented in every namespace
    (this covers workloads opted in with the `lumigo.auto-trace=true` label and no Lumigo).
 """
@@ -15,15 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from api import constants
-from api.lumigo import InvalidSpecError, load_spec
-from controller.lumigo import status as st
-from controller.lumigo.instrumentation import Instrumenter, Target, is_labelled_instrumented
+from controller.lumigo import removal
+from controller.lumigo.instrumentation import InstrumentationIncomplete, Instrumenter
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import WORKLOADS, ApiError
-from webhook.events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER, controller_trigger
-from webhook.mutation import is_deployment_owned
+from controller.runtime.resources import ApiError
+from webhook.events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER
 
 log = logging.getLogger("lumigo.uninstall")
 
@@ -72,7 +70,7 @@ def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) ->
             },
         )
         _finalize_here(client, instrumenter, lumigo, report)
-    targets = _instrumented_targets(client)
+    targets = removal.instrumented_targets(client)
     outcomes = instrumenter.uninstrument_all(targets, UNINSTALL_TRIGGER, UNINSTALL_COMPONENT)
     report.uninstrumented += sum(1 for o in outcomes if o.changed)
     report.failures += [f"{o.target.resource.kind} {o.target.namespace}/{o.target.name}: "
@@ -80,49 +78,17 @@ def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) ->
     return report
 
 
-def _instrumented_targets(client: KubeClient, namespace: str | None = None) -> list[Target]:
-    """Workloads labelled as instrumented (any value but `false`), Deployment-owned RS aside."""
-    targets = []
-    for resource in WORKLOADS:
-        items, _ = client.list(resource, namespace, label_selector=constants.LABEL_AUTO_TRACE)
-        targets += [
-            Target.of(o)
-            for o in items
-            if is_labelled_instrumented(o) and not is_deployment_owned(o)
-        ]
-    return targets
-
-
 def _finalize_here(
     client: KubeClient, instrumenter: Instrumenter, lumigo: JSON, report: UninstallReport
 ) -> None:
+    """What the operator's finalizer would have done (`removal`), reported instead of retried."""
     meta = lumigo["metadata"]
-    namespace, name = meta["namespace"], meta["name"]
     try:
-        spec = load_spec(lumigo.get("spec"))
-        removal = (
-            spec.tracing.injection.enabled
-            and spec.tracing.injection.remove_lumigo_from_resources_on_deletion
-        )
-    except InvalidSpecError:
-        removal = False
-    if removal and st.is_active(lumigo):
-        targets = _instrumented_targets(client, namespace)
-        outcomes = instrumenter.uninstrument_all(targets, controller_trigger(namespace, name))
-        report.uninstrumented += sum(1 for o in outcomes if o.changed)
-        failed = [o for o in outcomes if o.error]
-        if failed:
-            report.failures += [f"{o.target.name}: {o.error}" for o in failed]
-            return  # keep the finalizer: the Lumigo stays as a visible sign of what is left
-    finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]
-    try:
-        client.merge_patch(
-            LUMIGOES,
-            name,
-            {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}},
-            namespace,
-        )
-        report.finalized_here += 1
+        done = removal.finalize(client, instrumenter, lumigo)
+        report.uninstrumented += done.uninstrumented
+        report.finalized_here += int(done.finalizer_removed)
+    except InstrumentationIncomplete as err:
+        # The finalizer stays: the Lumigo remains as a visible sign of what is left.
+        report.failures += [f"{o.target.name}: {o.error}" for o in err.failed]
     except ApiError as err:
-        if not err.not_found:
-            report.failures.append(f"Lumigo {namespace}/{name}: {err.message}")
+        report.failures.append(f"Lumigo {meta['namespace']}/{meta['name']}: {err.message}")

@@ -6,16 +6,18 @@ within ten minutes patches the existing Event's count instead of creating a new 
 namespace produces a bounded number of Event objects.
 
 An admission request for a CREATE has no UID yet; `kubectl describe` matches events by UID, so
-the poster waits briefly for the object to exist and fills in its UID and resourceVersion (the
-reference re-binds such events later; doing it at posting time is simpler). It looks in the
-operator's informer caches first (`lookup`: no API call, which matters on the admission path's
-busiest moments) and falls back to a GET. If the object never appears (a later admission plugin
-rejected it) the event is dropped: it was about nothing.
+such an event is set aside until the object exists, and then gets its UID and resourceVersion
+(the reference re-binds such events later; doing it at posting time is simpler). While it waits,
+the poster goes on with other events: it looks again, with backoff, in the operator's informer
+caches (`lookup`: no API call, which matters on the admission path's busiest moments) and falls
+back to a GET. If the object never appears (a later admission plugin rejected it) the event is
+dropped: it was about nothing.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import logging
 import queue
@@ -45,6 +47,16 @@ class PendingEvent:
     reason: str
     message: str
     component: str
+
+
+@dataclass
+class _Unresolved:
+    """An event about an object that did not exist yet: looked for again at `next_try`."""
+
+    pending: PendingEvent
+    give_up_at: float
+    next_try: float
+    delay: float
 
 
 def _now() -> str:
@@ -84,13 +96,16 @@ class EventRecorder:
         self._seen: collections.OrderedDict[tuple[str, ...], tuple[str, str, int, float]] = (
             collections.OrderedDict()
         )
+        self._unresolved: list[_Unresolved] = []  # changed by the poster thread only
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._instance = socket.gethostname()
         self.dropped = 0
-        self.posted = 0
 
     # -- recording (any thread) ----------------------------------------------------------------
     def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
+        if self._stopping.is_set():
+            return
         pending = PendingEvent(
             object_reference(obj), type, reason, message[:MAX_MESSAGE], component
         )
@@ -102,42 +117,77 @@ class EventRecorder:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
+        self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Post what is queued (bounded by `timeout`), then stop."""
+        """Post what is queued, then stop; returns within `timeout` whatever the API does."""
         if self._thread is None:
             return
-        self._queue.put(None)
+        self._stopping.set()
+        # A full queue has no room for the marker: the poster then ends once it is empty.
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
         self._thread.join(timeout)
         self._thread = None
 
+    def healthy(self) -> None:
+        """A check for /healthz: the poster thread of a started recorder is alive."""
+        if self._thread is not None and not self._thread.is_alive():
+            raise RuntimeError("the event poster thread died")
+
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything recorded so far was posted (tests, uninstall)."""
+        """Wait until everything recorded so far was posted or dropped (tests, uninstall)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:
+            if self._queue.unfinished_tasks == 0 and not self._unresolved:
                 return True
             time.sleep(0.02)
         return False
 
     def _run(self) -> None:
-        while True:
-            pending = self._queue.get()
-            try:
-                if pending is None:
+        try:
+            while True:
+                self._retry_unresolved()
+                try:
+                    pending = self._queue.get(timeout=self._until_next_retry())
+                except queue.Empty:
+                    continue
+                try:
+                    if pending is None:
+                        return
+                    self._post(pending)
+                except Exception:
+                    log.exception("posting an event failed")
+                finally:
+                    self._queue.task_done()
+                if self._stopping.is_set() and self._queue.empty():
                     return
-                self._post(pending)
+        finally:
+            self.dropped += len(self._unresolved)
+            self._unresolved.clear()
+
+    def _until_next_retry(self) -> float | None:
+        if not self._unresolved:
+            return None
+        return max(0.0, min(u.next_try for u in self._unresolved) - time.monotonic())
+
+    def _retry_unresolved(self) -> None:
+        now = time.monotonic()
+        for waiting in [u for u in self._unresolved if u.next_try <= now]:
+            try:
+                self._post(waiting.pending, waiting)
             except Exception:
                 log.exception("posting an event failed")
-            finally:
-                self._queue.task_done()
+            finally:  # kept in the list meanwhile, so that `flush` never sees a gap
+                if waiting.next_try <= now:  # posted or dropped, not set aside again
+                    self._unresolved.remove(waiting)
 
     # -- posting -------------------------------------------------------------------------------
-    def _post(self, pending: PendingEvent) -> None:
+    def _post(self, pending: PendingEvent, waiting: _Unresolved | None = None) -> None:
         involved = dict(pending.involved)
-        if not involved.get("uid") and not self._resolve(involved):
+        if not involved.get("uid") and not self._resolve(pending, involved, waiting):
             return
         namespace = involved.get("namespace") or "default"
         key = (
@@ -153,7 +203,6 @@ class EventRecorder:
                     EVENTS, name, {"count": count + 1, "lastTimestamp": now}, namespace
                 )
                 self._remember(key, (name, first, count + 1, now_mono))
-                self.posted += 1
                 return
             except ApiError as err:
                 if not err.not_found:
@@ -180,7 +229,6 @@ class EventRecorder:
             log.warning("cannot post event", extra={"error": str(err), "reason": pending.reason})
             return
         self._remember(key, (name, now, 1, now_mono))
-        self.posted += 1
 
     def _remember(self, key: tuple[str, ...], value: tuple[str, str, int, float]) -> None:
         self._seen[key] = value
@@ -188,29 +236,37 @@ class EventRecorder:
         while len(self._seen) > 4096:
             self._seen.popitem(last=False)
 
-    def _resolve(self, involved: JSON) -> bool:
-        """Fill in uid/resourceVersion of an object that was being created when recorded."""
+    def _resolve(self, pending: PendingEvent, involved: JSON, waiting: _Unresolved | None) -> bool:
+        """Fill in uid/resourceVersion of an object that was being created when recorded.
+
+        False when the event cannot be posted now: set aside to look again later (the poster
+        goes on meanwhile), or dropped once the object did not appear in time.
+        """
         kind, name = str(involved.get("kind", "")), str(involved.get("name", ""))
         namespace = str(involved.get("namespace", ""))
         resource = self._resources.get(kind)
         if resource is None or not name:
             return False
-        deadline = time.monotonic() + self.resolve_uid_timeout
-        delay = 0.01
-        while True:
-            obj = self.lookup(kind, namespace, name) if self.lookup is not None else None
-            if obj is None and (self.lookup is None or time.monotonic() + delay > deadline):
-                try:
-                    obj = self.client.get_or_none(resource, name, namespace or None)
-                except ApiError as err:
-                    log.warning("cannot resolve event object", extra={"error": str(err)})
-                    return False
-            if obj is not None:
-                meta = obj.get("metadata") or {}
-                involved["uid"] = meta.get("uid", "")
-                involved["resourceVersion"] = meta.get("resourceVersion", "")
-                return True
-            if time.monotonic() + delay > deadline:
+        now = time.monotonic()
+        first_try = waiting is None
+        if waiting is None:
+            waiting = _Unresolved(pending, now + self.resolve_uid_timeout, now, 0.01)
+        last_chance = now + waiting.delay > waiting.give_up_at
+        obj = self.lookup(kind, namespace, name) if self.lookup is not None else None
+        if obj is None and (self.lookup is None or last_chance):
+            try:
+                obj = self.client.get_or_none(resource, name, namespace or None)
+            except ApiError as err:
+                log.warning("cannot resolve event object", extra={"error": str(err)})
                 return False
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        if obj is not None:
+            meta = obj.get("metadata") or {}
+            involved["uid"] = meta.get("uid", "")
+            involved["resourceVersion"] = meta.get("resourceVersion", "")
+            return True
+        if not last_chance:
+            waiting.next_try = now + waiting.delay
+            waiting.delay = min(waiting.delay * 2, 0.5)
+            if first_try:
+                self._unresolved.append(waiting)
+        return False

@@ -146,6 +146,7 @@ class Informer:
         self.label_selector = label_selector
         self.field_selector = field_selector
         self.transform = transform
+        self.indexed_labels = indexed_labels
         self.store = Store(indexed_labels)
         self.name = f"{resource.plural}" + (f"@{namespace}" if namespace else "")
         self._handlers: list[EventHandler] = []

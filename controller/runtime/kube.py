@@ -441,6 +441,7 @@ class WatchStream:
         self._http = client._new_http()
         self._response: requests.Response | None = None
         self._closed = False
+        self._lock = threading.Lock()  # orders `close` against the response being set
 
     def close(self) -> None:
         """Interrupt the stream; safe to call from another thread.
@@ -449,10 +450,11 @@ class WatchStream:
         lock, so shut the socket down instead: the reader's recv() returns at once and the
         reading thread cleans up in its own `finally`.
         """
-        self._closed = True
-        response = self._response
+        with self._lock:
+            self._closed = True
+            response = self._response
         if response is None:
-            return
+            return  # not sent yet: `__iter__` sees `_closed` and sends nothing
         connection = getattr(response.raw, "connection", None) or getattr(
             response.raw, "_connection", None
         )
@@ -461,9 +463,15 @@ class WatchStream:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
+    def _is_closed(self) -> bool:
+        with self._lock:
+            return self._closed
+
     def __iter__(self) -> Iterator[tuple[str, JSON]]:
         client, resource = self._client, self._resource
         try:
+            if self._is_closed():
+                return  # closed before iterating: no request at all
             try:
                 resp = self._http.session.get(
                     client.server + self._path,
@@ -474,8 +482,11 @@ class WatchStream:
                 )
             except requests.RequestException as err:
                 raise ApiError(0, f"watch {resource.plural}: {err}", "ConnectionError") from err
-            self._response = resp
             REST_REQUESTS.labels(str(resp.status_code), "WATCH", client.host).inc()
+            with self._lock:
+                self._response = resp
+            if self._is_closed():
+                return  # closed while the request was on its way
             if resp.status_code >= 400:
                 raise _api_error(resp, "WATCH", self._path)
             try:
@@ -495,8 +506,8 @@ class WatchStream:
                         obj.setdefault("apiVersion", resource.api_version)
                         obj.setdefault("kind", resource.kind)
                     yield kind, obj
-            except (requests.RequestException, ValueError, AttributeError, OSError) as err:
-                if self._closed:
+            except (requests.RequestException, ValueError, OSError) as err:
+                if self._is_closed():
                     return
                 raise ApiError(0, f"watch {resource.plural}: {err}", "ConnectionError") from err
         finally:

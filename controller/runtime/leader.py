@@ -71,14 +71,9 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         self._observed: JSON | None = None  # the last Lease spec we saw
         self._observed_at = 0.0  # local monotonic time we saw it change
-        self._observed_rv = ""
         LEADER_STATUS.labels(name).set(0)
 
     # -- public -----------------------------------------------------------------------------------
-    @property
-    def is_leader(self) -> bool:
-        return self._leading.is_set()
-
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
         self._thread.start()
@@ -91,9 +86,6 @@ class LeaderElector:
         if self.release_on_cancel and self._leading.is_set():
             self._release()
         self._set_leading(False)
-
-    def wait_for_leadership(self, timeout: float | None = None) -> bool:
-        return self._leading.wait(timeout)
 
     # -- loops ------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -187,7 +179,6 @@ class LeaderElector:
         if spec != self._observed:
             self._observed = dict(spec)
             self._observed_at = time.monotonic()
-        self._observed_rv = str((lease.get("metadata") or {}).get("resourceVersion", ""))
 
     def _release(self) -> None:
         """Hand the lease over at once: empty holder, 1 s duration (client-go ReleaseOnCancel)."""

@@ -16,8 +16,11 @@ import json
 import logging
 import sys
 import traceback
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "lumigo_log_context", default=None
@@ -36,6 +39,21 @@ def log_context(**fields: Any) -> Iterator[None]:
         yield
     finally:
         _context.reset(token)
+
+
+def in_log_context(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn`, run with the caller's log context wherever it runs.
+
+    A thread pool does not inherit context variables: wrap the work handed to it, so that its
+    lines carry e.g. the reconcile ID of the reconcile that asked for it.
+    """
+    fields = _context.get() or {}
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with log_context(**fields):
+            return fn(*args, **kwargs)
+
+    return run
 
 
 class JSONFormatter(logging.Formatter):

@@ -15,11 +15,12 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.runtime.health import CheckFailed, ProbeServer
+from controller.runtime.health import Check, CheckFailed, ProbeServer
 from controller.runtime.informer import FuncHandler, Informer, Transform
 from controller.runtime.kube import KubeClient
 from controller.runtime.leader import LeaderElector
@@ -53,6 +54,15 @@ class Result:
 
 class TerminalError(Exception):
     """A reconcile error that retrying cannot fix: logged and counted, not requeued."""
+
+
+class ReconcileError(Exception):
+    """An expected reconcile failure that a retry may fix: requeued with backoff.
+
+    controller-runtime tells a returned error from a panic; here `ApiError` and this class are
+    the "returned errors", and any other exception is a bug: counted in
+    `controller_runtime_reconcile_panics_total` and logged with its stack, then requeued.
+    """
 
 
 Reconcile = Callable[[ObjectKey], Result | None]
@@ -168,10 +178,16 @@ class Controller:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop taking work, let in-flight reconciles finish (bounded), join the workers."""
-        self.queue.shut_down_with_drain(timeout)
         deadline = time.monotonic() + timeout
+        self.queue.shut_down_with_drain(timeout)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+    def healthy(self) -> None:
+        """A check for /healthz: every worker thread of a started controller is alive."""
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead and not self.queue.shutting_down():
+            raise CheckFailed(f"worker threads died: {', '.join(dead)}")
 
     def _worker(self) -> None:
         while True:
@@ -187,7 +203,8 @@ class Controller:
         ACTIVE_WORKERS.labels(self.name).inc()
         started = time.monotonic()
         try:
-            with log_context(controller=self.name, key=str(key)):
+            # A reconcile ID on every line of one reconcile, as controller-runtime logs it.
+            with log_context(controller=self.name, key=str(key), reconcileID=str(uuid.uuid4())):
                 try:
                     result = self.reconcile(key) or Result()
                 except TerminalError as err:
@@ -200,23 +217,31 @@ class Controller:
                 except Exception as err:
                     RECONCILE_TOTAL.labels(self.name, "error").inc()
                     RECONCILE_ERRORS.labels(self.name).inc()
-                    log.warning(
-                        "reconcile failed, requeueing with backoff",
+                    expected = isinstance(err, ApiError | ReconcileError)
+                    if not expected:
+                        RECONCILE_PANICS.labels(self.name).inc()
+                    log.log(
+                        logging.WARNING if expected else logging.ERROR,
+                        "reconcile failed, requeueing with backoff"
+                        if expected
+                        else "reconcile raised an unexpected exception, requeueing with backoff",
                         extra={"error": str(err), "requeues": self.queue.num_requeues(key)},
-                        exc_info=not isinstance(err, ApiError),  # API errors need no stack
+                        exc_info=not expected,  # expected errors need no stack
                     )
                     self.queue.add_rate_limited(key)
                     return
                 if result.requeue_after > 0:
-                    RECONCILE_TOTAL.labels(self.name, "requeue_after").inc()
+                    outcome = "requeue_after"
                     self.queue.forget(key)
                     self.queue.add_after(key, result.requeue_after)
                 elif result.requeue:
-                    RECONCILE_TOTAL.labels(self.name, "requeue").inc()
+                    outcome = "requeue"
                     self.queue.add_rate_limited(key)
                 else:
-                    RECONCILE_TOTAL.labels(self.name, "success").inc()
+                    outcome = "success"
                     self.queue.forget(key)
+                RECONCILE_TOTAL.labels(self.name, outcome).inc()
+                log.debug("reconcile done", extra={"result": outcome})  # controller-runtime's V(5)
         finally:
             RECONCILE_TIME.labels(self.name).observe(time.monotonic() - started)
             ACTIVE_WORKERS.labels(self.name).dec()
@@ -230,6 +255,7 @@ class Runnable:
     start: Callable[[], None]
     stop: Callable[[], None]
     leader_only: bool = False
+    healthy: Check | None = None  # raises when the runnable is broken; shown in /healthz
 
 
 @dataclass
@@ -263,6 +289,10 @@ class Manager:
         self._lock = threading.Lock()
         self._leader_started = False
         self._stopped = threading.Event()
+        # Clear while runnables are being started: `stop` waits for it, so a runnable being
+        # started when shutdown began is stopped too (and nothing starts after).
+        self._not_starting = threading.Event()
+        self._not_starting.set()
         self.elector: LeaderElector | None = None
         opts = self.options
         self.probes = ProbeServer(
@@ -287,10 +317,21 @@ class Manager:
         transform: Transform | None = None,
         indexed_labels: tuple[str, ...] = (),
     ) -> Informer:
-        """The shared informer for this resource/namespace/selectors (created on first use)."""
+        """The shared informer for this resource/namespace/selectors (created on first use).
+
+        Callers share one cache, so they must agree on its projection and indexes: asking again
+        with another `transform` or `indexed_labels` is an error, not someone else's cache.
+        """
         key = (resource, namespace, label_selector, field_selector)
         with self._lock:
             informer = self._informers.get(key)
+            if informer is not None and (
+                informer.transform is not transform or informer.indexed_labels != indexed_labels
+            ):
+                raise ValueError(
+                    f"the informer for {informer.name} is already registered with another "
+                    "transform or other indexed labels; share the first caller's informer"
+                )
             if informer is None:
                 informer = Informer(
                     self.client,
@@ -306,9 +347,16 @@ class Manager:
 
     def add_controller(self, controller: Controller) -> None:
         self._controllers.append(controller)
+        self.probes.healthz[f"controller-{controller.name}"] = controller.healthy
 
     def add_runnable(self, runnable: Runnable) -> None:
         self._runnables.append(runnable)
+        healthy = runnable.healthy
+        if healthy is not None:
+            # Judged only once started: a leader-only runnable is idle, not broken, elsewhere.
+            self.probes.healthz[runnable.name] = lambda: (
+                healthy() if runnable in self._started_runnables else None
+            )
 
     # -- checks ---------------------------------------------------------------------------------
     def _informers_alive(self) -> None:
@@ -336,9 +384,7 @@ class Manager:
                     f"cache for {informer.name} did not sync within "
                     f"{self.options.cache_sync_timeout:.0f}s: {informer.last_error}"
                 )
-        for runnable in self._runnables:
-            if not runnable.leader_only:
-                self._start_runnable(runnable)
+        self._start_runnables(leader_only=False)
         if self.options.leader_election:
             opts = self.options
             self.elector = LeaderElector(
@@ -356,34 +402,52 @@ class Manager:
         else:
             self._start_leader_work()
 
-    def _start_runnable(self, runnable: Runnable) -> None:
-        runnable.start()
-        self._started_runnables.append(runnable)
-        log.info("started", extra={"runnable": runnable.name})
+    def _start_runnables(self, *, leader_only: bool) -> None:
+        """Start runnables (and, on the leader, controllers) unless shutdown has begun."""
+        with self._lock:
+            if self._stopped.is_set() or (leader_only and self._leader_started):
+                return
+            self._leader_started = self._leader_started or leader_only
+            self._not_starting.clear()
+        try:
+            for runnable in self._runnables:
+                if self._stopped.is_set():
+                    return
+                if runnable.leader_only == leader_only:
+                    runnable.start()
+                    self._started_runnables.append(runnable)
+                    log.info("started", extra={"runnable": runnable.name})
+            for controller in self._controllers if leader_only else ():
+                with self._lock:  # `stop` stops it, or it does not start
+                    if self._stopped.is_set():
+                        return
+                    controller.start()
+        finally:
+            self._not_starting.set()
 
     def _start_leader_work(self) -> None:
-        with self._lock:
-            if self._leader_started or self._stopped.is_set():
-                return
-            self._leader_started = True
-        for runnable in self._runnables:
-            if runnable.leader_only:
-                self._start_runnable(runnable)
-        for controller in self._controllers:
-            controller.start()
+        self._start_runnables(leader_only=True)
 
     @property
     def is_leader(self) -> bool:
         return self._leader_started
 
     def stop(self) -> None:
-        """Graceful: drain controllers (bounded), stop runnables, release the Lease, stop caches."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
+        """Graceful: drain controllers (bounded), stop runnables, release the Lease, stop caches.
+
+        Whatever was being started when shutdown began is stopped too, and nothing starts after.
+        """
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self._stopped.set()
         timeout = self.options.graceful_shutdown_timeout
+        deadline = time.monotonic() + timeout
         for controller in self._controllers:
-            controller.stop(timeout)
+            controller.stop(max(0.0, deadline - time.monotonic()))
+        # A runnable being started is stopped below once its start returns (within the bound).
+        if not self._not_starting.wait(max(0.0, deadline - time.monotonic())):
+            log.warning("a runnable was still starting at the end of the graceful shutdown")
         for runnable in reversed(self._started_runnables):
             try:
                 runnable.stop()

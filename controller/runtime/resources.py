@@ -19,7 +19,6 @@ from webhook.admission.kubeapi import (
 __all__ = [
     "CONFIGMAPS",
     "CRONJOBS",
-    "CUSTOM_RESOURCE_DEFINITIONS",
     "DAEMONSETS",
     "DEPLOYMENTS",
     "EVENTS",
@@ -45,9 +44,6 @@ EVENTS = Resource("v1", "Event", "events")
 PODS = Resource("v1", "Pod", "pods")
 SERVICES = Resource("v1", "Service", "services")
 LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
-CUSTOM_RESOURCE_DEFINITIONS = Resource(
-    "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False
-)
 
 DAEMONSETS = Resource("apps/v1", "DaemonSet", "daemonsets")
 DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")

@@ -102,15 +102,6 @@ class Store:
             objs = [self._items[k] for k in keys]
         return [o for o in objs if namespace is None or key_of(o).namespace == namespace]
 
-    def label_values(self, label: str, namespace: str | None = None) -> dict[str, int]:
-        """How many objects carry each value of an indexed label (ABSENT for none)."""
-        with self._lock:
-            return {
-                value: sum(1 for k in keys if namespace is None or k.namespace == namespace)
-                for value, keys in self._by_label[label].items()
-                if keys
-            }
-
     def keys(self) -> KeyList:
         with self._lock:
             return list(self._items)

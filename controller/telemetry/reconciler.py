@@ -1,14 +1,14 @@
 """Keeps the telemetry proxy's collector configuration in step with the active Lumigoes.
 
-A single-key, level-triggered loop: any relevant change to a Lumigo (and a periodic resync, for
-token rotations: the operator may GET Secrets but not watch them) recomputes the whole set of
-monitored namespaces, renders the configuration (`controller.telemetry.config`), writes it into a
-Secret (it holds tokens, so never a ConfigMap), and rolls the proxy Deployment by changing a
-pod-template annotation to the configuration's hash — only when the rendered text changed, so an
-unchanged set never restarts anything.
+A single-key, level-triggered runtime controller: any relevant change to a Lumigo (and a periodic
+resync, for token rotations: the operator may GET Secrets but not watch them) recomputes the whole
+set of monitored namespaces, renders the configuration (`controller.telemetry.config`), writes it
+into a Secret (it holds tokens, so never a ConfigMap), and rolls the proxy Deployment by changing
+a pod-template annotation to the configuration's hash — only when the rendered text changed, so
+an unchanged set never restarts anything.
 
 Failures never propagate: an API error aborts the pass before anything is written (a transient
-Secret read error must not drop a namespace's pipeline and restart the proxy) and the loop
+Secret read error must not drop a namespace's pipeline and restart the proxy) and the controller
 retries with backoff. A namespace whose token is unusable is left out; the Lumigo controller
 reports why in that Lumigo's status.
 """
@@ -18,17 +18,20 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from api.effective import effective, is_active
 from api.lumigo import InvalidSpecError, load_spec
-from controller.lumigo.status import is_active, secret_token, token_secret_problem
-from controller.runtime.informer import FuncHandler, Informer
+from controller.lumigo.status import secret_token, token_secret_problem
+from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Controller, ReconcileError, Result
+from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
+from controller.runtime.singlekey import single_key_controller, to_key
 from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
 
 log = logging.getLogger("lumigo.telemetry")
@@ -40,6 +43,7 @@ CONFIG_KEY = "config.yaml"
 # A Secret holds at most 1 MiB; keep room for metadata. About 1.5 KB per monitored namespace.
 MAX_CONFIG_BYTES = 1_000_000
 MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
+BASE_BACKOFF = 1.0  # seconds after a first failure, doubling up to `max_backoff`
 
 SYNCS = Counter(
     "lumigo_telemetry_proxy_config_syncs_total",
@@ -70,7 +74,7 @@ def config_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class ConfigTooLargeError(RuntimeError):
+class ConfigTooLargeError(ReconcileError):
     """The configuration cannot be stored: the proxy keeps running the previous one."""
 
 
@@ -99,8 +103,8 @@ def _relevance(obj: JSON) -> tuple[Any, ...]:
 class TelemetryProxyReconciler:
     """Renders, stores and rolls out the proxy configuration; run it on the leader only.
 
-    Wiring (the manager): `Runnable("telemetry-proxy", r.start, r.stop, leader_only=True)` with
-    the manager's shared Lumigo informer. `sync()` is one pass, usable from any loop.
+    Wiring (the manager): `manager.add_controller(r.controller())` with the manager's shared
+    Lumigo informer (controllers run on the leader only). `sync()` is one pass.
     """
 
     def __init__(
@@ -119,68 +123,36 @@ class TelemetryProxyReconciler:
         self.settings = settings
         self.resync_period = resync_period
         self.max_backoff = max_backoff
-        self._trigger = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
+        # and created again under the same name comes back with a new Lumigo, so a new entry.
         self._namespace_uids: dict[str, str] = {}
         self._cluster_uid: str | None = None
         self._reported: dict[str, str] = {}  # namespace -> last logged reason it is left out
         self._deployment_missing = False
-        self.last_error = ""
 
     # -- loop -----------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self.lumigoes.add_handler(
-            FuncHandler(
-                add=lambda _obj: self._trigger.set(),
-                update=self._on_update,
-                delete=lambda _obj: self._trigger.set(),
-            )
+    def controller(self) -> Controller:
+        """A single-key runtime controller for this reconciler (one per start: a stopped
+        controller does not start again). Any relevant Lumigo change asks for a pass."""
+        controller = single_key_controller(
+            "telemetry-proxy",
+            self.reconcile,
+            rate_limiter=ItemExponentialFailureRateLimiter(BASE_BACKOFF, self.max_backoff),
         )
-        self._trigger.set()
-        self._thread = threading.Thread(target=self._run, name="telemetry-proxy", daemon=True)
-        self._thread.start()
+        controller.watches(self.lumigoes, to_key, predicate=_relevant_change)
+        return controller
 
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self._trigger.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def healthy(self) -> bool:
-        return self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
-
-    def _on_update(self, old: JSON, new: JSON) -> None:
-        if _relevance(old) != _relevance(new):
-            self._trigger.set()
-
-    def _run(self) -> None:
-        failures = 0
-        delay = 0.0
-        while not self._stop.is_set():
-            self._trigger.wait(delay if delay > 0 else None)
-            self._trigger.clear()
-            if self._stop.is_set():
-                return
-            if not self.lumigoes.has_synced():
-                # An empty cache would render "no namespaces" and restart the proxy without them.
-                delay = 1.0
-                continue
-            try:
-                self.sync()
-                failures, delay = 0, self.resync_period
-            except Exception as err:
-                failures += 1
-                delay = min(self.max_backoff, 0.5 * 2**failures)
-                self.last_error = str(err)
-                SYNCS.labels("error").inc()
-                log.warning(
-                    "telemetry proxy configuration not updated, retrying",
-                    extra={"error": str(err), "retry_in_s": delay},
-                    exc_info=not isinstance(err, ApiError),
-                )
+    def reconcile(self) -> Result:
+        """One pass, then the next one after `resync_period` (token rotations are not watched)."""
+        if not self.lumigoes.has_synced():
+            # An empty cache would render "no namespaces" and restart the proxy without them.
+            return Result(requeue_after=1.0)
+        try:
+            self.sync()
+        except Exception:
+            SYNCS.labels("error").inc()
+            raise  # the controller logs it and retries with backoff
+        return Result(requeue_after=self.resync_period)
 
     # -- one pass -------------------------------------------------------------------------------
     def sync(self) -> bool:
@@ -213,23 +185,25 @@ class TelemetryProxyReconciler:
                     "rollout": rolled,
                 },
             )
-        self.last_error = ""
         return changed or rolled
 
     def monitored_namespaces(self) -> list[MonitoredNamespace]:
-        """Namespaces with an active, not deleting Lumigo that wants events, and a usable token."""
-        candidates: dict[str, JSON] = {}
-        for obj in sorted(self.lumigoes.store.list(), key=_age):
-            meta = obj.get("metadata") or {}
-            if not is_active(obj) or meta.get("deletionTimestamp"):
-                continue
-            candidates.setdefault(str(meta.get("namespace", "")), obj)  # the oldest one
+        """Namespaces whose Lumigo takes effect (`api.effective`), wants events and has a usable
+        token. A failed Secret read raises: it says nothing about the token."""
+        by_namespace: dict[str, list[JSON]] = {}
+        for obj in self.lumigoes.store.list():
+            namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+            by_namespace.setdefault(namespace, []).append(obj)
 
         out: list[MonitoredNamespace] = []
         reasons: dict[str, str] = {}
-        for namespace, obj in sorted(candidates.items()):
+        uids: dict[str, str] = {}
+        for namespace, lumigoes in sorted(by_namespace.items()):
+            lumigo = effective(lumigoes)
+            if lumigo is None:
+                continue
             try:
-                spec = load_spec(obj.get("spec"))
+                spec = load_spec(lumigo.get("spec"))
             except InvalidSpecError as err:
                 reasons[namespace] = str(err)
                 continue
@@ -243,7 +217,12 @@ class TelemetryProxyReconciler:
             if problem is not None or token is None:
                 reasons[namespace] = problem or "no valid token"
                 continue
-            out.append(MonitoredNamespace(namespace, self._namespace_uid(namespace), token))
+            lumigo_uid = str((lumigo.get("metadata") or {}).get("uid", ""))
+            uid = self._namespace_uids.get(lumigo_uid) or self._read_namespace_uid(namespace)
+            if uid and lumigo_uid:
+                uids[lumigo_uid] = uid  # never "" (not there yet): read it again next time
+            out.append(MonitoredNamespace(namespace, uid, token))
+        self._namespace_uids = uids  # only namespaces still monitored
         self._report(reasons)
         return out
 
@@ -258,19 +237,15 @@ class TelemetryProxyReconciler:
                 )
         self._reported = reasons
 
-    def _namespace_uid(self, name: str) -> str:
-        uid = self._namespace_uids.get(name)
-        if uid is None:
-            namespace = self.client.get_or_none(NAMESPACES, name)
-            uid = str(((namespace or {}).get("metadata") or {}).get("uid", ""))
-            self._namespace_uids[name] = uid
-        return uid
+    def _read_namespace_uid(self, name: str) -> str:
+        namespace = self.client.get_or_none(NAMESPACES, name)
+        return str(((namespace or {}).get("metadata") or {}).get("uid", ""))
 
     def _get_cluster_uid(self) -> str:
         """The kube-system namespace's UID, the usual cluster identity ("" if not readable)."""
         if self._cluster_uid is None:
             try:
-                self._cluster_uid = self._namespace_uid("kube-system")
+                self._cluster_uid = self._read_namespace_uid("kube-system")
             except ApiError as err:
                 if err.code not in (401, 403):
                     raise
@@ -345,6 +320,6 @@ def _owner_reference(deployment: JSON) -> JSON:
     }
 
 
-def _age(obj: JSON) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return (str(meta.get("creationTimestamp", "")), str(meta.get("name", "")))
+def _relevant_change(old: JSON | None, new: JSON) -> bool:
+    """Additions and deletions, and updates that change what the configuration depends on."""
+    return old is None or _relevance(old) != _relevance(new)

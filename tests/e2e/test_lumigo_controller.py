@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -119,8 +118,24 @@ def test_status_is_written_only_when_something_changed(
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
     wait_until(lambda: is_active(kube, ns), 60, "Active")
     before = kube.get(LUMIGOES, "lumigo", ns)["metadata"]["resourceVersion"]
-    time.sleep(10)  # an observation window: three resync periods (3 s) with nothing to change
+    done_before = reconciles_done(operator, f"{ns}/lumigo")
+    # An observation window of three more reconciles (one per 3 s resync), each with nothing
+    # to change: a controller that stopped reconciling cannot pass.
+    wait_until(lambda: reconciles_done(operator, f"{ns}/lumigo") >= done_before + 3, 60,
+               "three more reconciles of the Lumigo")  # fmt: skip
     assert kube.get(LUMIGOES, "lumigo", ns)["metadata"]["resourceVersion"] == before
+
+
+def reconciles_done(operator: OperatorProcess, key: str) -> int:
+    """Reconciles of `key` that ended, from the operator's debug log (one line each)."""
+    done = 0
+    for line in operator.log_path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a start banner, or a line being written right now
+        done += entry.get("msg") == "reconcile done" and entry.get("key") == key
+    return done
 
 
 def test_deleting_the_lumigo_removes_the_instrumentation(

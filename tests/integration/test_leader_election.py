@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import queue
 import signal
@@ -32,10 +33,11 @@ lost = threading.Event()
 def stopped():
     print("LOST", flush=True)
     lost.set()
+lease_duration = float(sys.argv[4])
 elector = LeaderElector(
     KubeClient.from_kubeconfig(sys.argv[1]).clone(timeout=2, retry_attempts=1),
     sys.argv[2], "test-lease", identity=sys.argv[3],
-    lease_duration=4, renew_deadline=3, retry_period=1,
+    lease_duration=lease_duration, renew_deadline=0.75 * lease_duration, retry_period=1,
     on_started_leading=lambda: print("LEADING", flush=True),
     on_stopped_leading=stopped,
 )
@@ -49,12 +51,22 @@ print("EXIT", flush=True)
 
 
 class Candidate:
-    def __init__(self, cluster: LocalCluster, namespace: str, identity: str) -> None:
+    def __init__(
+        self, cluster: LocalCluster, namespace: str, identity: str, lease_duration: int = 4
+    ) -> None:
         self.identity = identity
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", CANDIDATE, str(cluster.kubeconfig), namespace, identity],
+            [
+                sys.executable,
+                "-c",
+                CANDIDATE,
+                str(cluster.kubeconfig),
+                namespace,
+                identity,
+                str(lease_duration),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -81,6 +93,15 @@ class Candidate:
 @pytest.fixture
 def candidates(cluster: LocalCluster, namespace: str) -> Iterator[list[Candidate]]:
     group = [Candidate(cluster, namespace, f"candidate-{i}") for i in range(2)]
+    yield group
+    for c in group:
+        c.stop()
+
+
+@pytest.fixture
+def long_lease_candidates(cluster: LocalCluster, namespace: str) -> Iterator[list[Candidate]]:
+    """Candidates whose lease lasts 15 s: long enough to tell a release from an expiry."""
+    group = [Candidate(cluster, namespace, f"candidate-{i}", lease_duration=15) for i in range(2)]
     yield group
     for c in group:
         c.stop()
@@ -115,13 +136,28 @@ def test_exactly_one_leads_and_the_other_takes_over_after_a_kill(
     assert lease["spec"]["leaseTransitions"] >= 1
 
 
+def lease_time(value: str) -> dt.datetime:
+    return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+
+
 def test_graceful_stop_releases_the_lease(
-    kube: KubeClient, namespace: str, candidates: list[Candidate]
+    kube: KubeClient, namespace: str, long_lease_candidates: list[Candidate]
 ) -> None:
+    candidates = long_lease_candidates
     wait_until(lambda: any(c.said("LEADING") for c in candidates), 30, "a leader")
     leader = next(c for c in candidates if c.said("LEADING"))
     other = next(c for c in candidates if c is not leader)
+    held = kube.get(LEASES, "test-lease", namespace)["spec"]
+    assert held["holderIdentity"] == leader.identity
+    # The old lease is valid at least until then: renewals only push this later.
+    valid_until = lease_time(held["renewTime"]) + dt.timedelta(seconds=held["leaseDurationSeconds"])
+
     leader.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: leader.said("EXIT"), 20, "the leader to exit")
-    wait_until(lambda: holder(kube, namespace) in ("", other.identity), 10, "the release")
-    wait_until(lambda: other.said("LEADING"), 20, "the follower to take over")
+    wait_until(lambda: other.said("LEADING"), 40, "the follower to take over")
+    taken = kube.get(LEASES, "test-lease", namespace)["spec"]
+    assert taken["holderIdentity"] == other.identity
+    assert taken["leaseTransitions"] == held["leaseTransitions"] + 1
+    # Only a release lets the follower in while the old lease has not expired yet (both times
+    # are written by processes on this machine, so one clock).
+    assert lease_time(taken["acquireTime"]) < valid_until, (taken, held)

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 import yaml
+from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, SECRETS, ApiError
+from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
 from controller.telemetry.config import ProxySettings
 from controller.telemetry.reconciler import (
     CONFIG_HASH_ANNOTATION,
@@ -89,6 +90,12 @@ def make(kube: KubeClient, informer: Informer, namespace: str) -> TelemetryProxy
         ProxySettings(cluster_name="it"),
         resync_period=1.0,
     )
+
+
+def _cached(informer: Informer, namespace: str, uid: str) -> bool:
+    """The Lumigo with this UID is cached, with a status."""
+    obj = informer.get(namespace, "lumigo") or {}
+    return obj.get("metadata", {}).get("uid") == uid and bool(obj.get("status"))
 
 
 def wait_in_cache(informer: Informer, namespace: str, check: object) -> None:
@@ -188,8 +195,8 @@ def test_loop_follows_changes_and_stops_collection_on_deletion(
     proxy_deployment(kube, namespace)
     create_token_secret(kube, monitored, random_token())
     create_lumigo(kube, monitored, finalizers=["tests.lumigo.io/hold"])
-    reconciler = make(kube, informer, namespace)
-    reconciler.start()
+    controller = make(kube, informer, namespace).controller()
+    controller.start()
     try:
 
         def collected() -> bool:
@@ -211,9 +218,11 @@ def test_loop_follows_changes_and_stops_collection_on_deletion(
             30,
             "the proxy to roll to the new configuration",
         )
-        assert reconciler.healthy()
+        # An ordinary runtime controller: its passes show in the reconcile metrics.
+        labels = {"controller": "telemetry-proxy", "result": "requeue_after"}
+        assert (REGISTRY.get_sample_value("controller_runtime_reconcile_total", labels) or 0) > 0
     finally:
-        reconciler.stop()
+        controller.stop()
         with contextlib.suppress(ApiError):
             kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"finalizers": None}}, monitored)
 
@@ -230,3 +239,37 @@ def test_missing_proxy_deployment_is_not_an_error(
     proxy_deployment(kube, namespace)
     assert reconciler.sync() is True
     assert rollout_hash(kube, namespace) == config_hash(text)
+
+
+def test_a_namespace_created_again_is_collected_under_its_new_uid(
+    full_cluster: LocalCluster, kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    """Issue 15, defect 8: namespace UIDs were cached forever by name, so a namespace deleted
+    and created again kept being reported under the UID of the one that is gone."""
+
+    def activate() -> str:
+        create_token_secret(kube, monitored, random_token())
+        uid = create_lumigo(kube, monitored)["metadata"]["uid"]
+        set_active(kube, monitored)
+        wait_until(
+            lambda: _cached(informer, monitored, uid),
+            30,
+            "the active Lumigo cached",
+        )
+        return str(kube.get(NAMESPACES, monitored)["metadata"]["uid"])
+
+    reconciler = make(kube, informer, namespace)
+    first_uid = activate()
+    reconciler.sync()
+    assert first_uid in stored_config(kube, namespace)[0]
+
+    full_cluster.kubectl("delete", "namespace", monitored, "--timeout=120s")
+    wait_until(lambda: kube.get_or_none(NAMESPACES, monitored) is None, 120, "namespace gone")
+    full_cluster.kubectl("create", "namespace", monitored)
+    second_uid = activate()
+    assert second_uid != first_uid
+
+    reconciler.sync()
+    text = stored_config(kube, namespace)[0]
+    assert second_uid in text
+    assert first_uid not in text

@@ -82,10 +82,10 @@ def test_readiness_follows_the_bundles_in_the_webhook_configurations(
     ):
         assert not stack.is_ready()
         assert "Secret has not been seen yet" in stack.why_not_ready()
-        stack.writer.start()
+        stack.start_writer()
         stack.wait_ready()
         # Someone (a Helm upgrade, a human) puts another bundle in: not ready until fixed.
-        stack.writer.stop()
+        stack.stop_writer()
         other = certs.bootstrap(stack.policy, dt.datetime.now(dt.UTC))
         kube.json_patch(
             MUTATING_WEBHOOK_CONFIGURATIONS,
@@ -100,7 +100,7 @@ def test_readiness_follows_the_bundles_in_the_webhook_configurations(
         )
         wait_until(lambda: not stack.is_ready(), 30, "readiness to notice the foreign bundle")
         assert "does not match" in stack.why_not_ready()
-        stack.writer.start()  # the leader puts it back
+        stack.start_writer()  # the leader puts it back
         stack.wait_ready()
 
 

@@ -14,8 +14,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from controller.operator import cert_writer_controller
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Controller
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
 from webhook.admission import certs
@@ -154,6 +156,7 @@ class CertStack:
             for n in mutating
         ]
         self._informers = [self.secrets, *self.configs]
+        self._writer_loop: Controller | None = None
 
     def start(self, *, writer: bool = True) -> CertStack:
         for informer in self._informers:
@@ -164,11 +167,22 @@ class CertStack:
             assert informer.wait_for_sync(30), informer.last_error
         self.replica.start()
         if writer:
-            self.writer.start()
+            self.start_writer()
         return self
 
+    def start_writer(self) -> None:
+        """Become the leader: run the writer's controller (a new one: a stopped one is done)."""
+        self.stop_writer()
+        self._writer_loop = cert_writer_controller(self.writer)
+        self._writer_loop.start()
+
+    def stop_writer(self) -> None:
+        if self._writer_loop is not None:
+            self._writer_loop.stop()
+            self._writer_loop = None
+
     def stop(self) -> None:
-        self.writer.stop()
+        self.stop_writer()
         self.replica.stop()
         for informer in self._informers:
             informer.stop()

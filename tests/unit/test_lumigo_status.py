@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
+from api.effective import is_active
 from api.lumigo import SecretRef
 from controller.lumigo.status import (
     ConditionUpdate,
     active_updates,
     apply_conditions,
     instrumented_reference,
-    is_active,
     secret_token,
     sort_instrumented,
     token_secret_problem,

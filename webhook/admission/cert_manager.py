@@ -4,11 +4,14 @@
 - `CertWriter` runs on the leader only. It keeps the Secret valid (certs.plan: bootstrap, renewal,
   staged CA rotation) and every named webhook configuration's caBundle equal to the Secret's
   bundle. It runs on Secret / webhook-configuration events and at least every `resync`, and
-  sleeps exactly until the next step is due. The Secret is written with PUT + resourceVersion;
-  a conflict means someone else wrote: re-read and decide again. A deleted or corrupted Secret
-  is rebuilt by certs.recover from what is intact, the CAs the configurations trust and the
-  last good state seen (every replica's writer remembers it from events, so a new leader has
-  it too): the same staged overlap as a CA rotation, never a hard CA cutover.
+  sleeps exactly until the next step is due. It has no loop of its own: its `sync` is the
+  reconcile of a single-key controller of the controller runtime (work queue, backoff,
+  metrics), which this generic toolkit cannot import; `wake` is how its events reach that loop.
+  The Secret is written with PUT + resourceVersion; a conflict means someone else wrote: re-read
+  and decide again. A deleted or corrupted Secret is rebuilt by certs.recover from what is
+  intact, the CAs the configurations trust and the last good state seen (every replica's writer
+  remembers it from events, so a new leader has it too): the same staged overlap as a CA
+  rotation, never a hard CA cutover.
 - `SelfSignedCerts` runs on every replica. It hot-swaps the served certificate from Secret
   events and is ready only when the served certificate is trusted by the Secret's bundle and
   every named webhook configuration carries that bundle. It never swaps a served certificate
@@ -24,7 +27,7 @@ Wiring (what the manager does):
     writer = CertWriter(kube, policy, secret, mutating=[...])           # leader only
     for informer in (secrets_in_own_namespace, mutating_configs, validating_configs):
         informer.add_handler(certs); informer.add_handler(writer)
-    Runnable("webhook-cert-writer", writer.start, writer.stop, leader_only=True)
+    manager.add_controller(cert_writer_controller(writer))    # controller.operator
     Runnable("webhook-certs", certs.start, certs.stop); readyz["webhook-certs"] = certs.ready
 """
 
@@ -144,15 +147,13 @@ class CertWriter:
         self._is_ours = _Watched(policy.namespace, secret_name, mutating, validating)
         self._resync = resync
         self._clock = clock
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        # Asks the loop for a pass; set by whoever runs `sync` (the controller's wiring).
+        self.wake: Callable[[], None] = lambda: None
         self._rotate_ca = threading.Event()
-        self._thread: threading.Thread | None = None
         self._missing_logged: set[str] = set()
         # The last valid Secret seen (events on every replica, reads on the leader): what the
         # replicas serve, kept to recover from a deleted or corrupted Secret without a cutover.
         self._last_good: certs.CertState | None = None
-        self.last_error = ""
         self.passes = 0
 
     # -- events (EventHandler) ----------------------------------------------------------------
@@ -172,48 +173,20 @@ class CertWriter:
             self.trigger()
 
     def trigger(self) -> None:
-        self._wake.set()
+        self.wake()
 
     def rotate_ca(self) -> None:
         """Start a (staged, hitless) CA rotation now instead of when the CA nears its end."""
         self._rotate_ca.set()
-        self._wake.set()
+        self.wake()
 
-    # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="webhook-cert-writer", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        backoff = 0.0
-        while not self._stopping.is_set():
-            self._wake.clear()
-            try:
-                next_check = self.reconcile()
-                delay = (next_check - self._clock()).total_seconds()
-                delay = min(max(delay, 0.2), self._resync)
-                backoff = 0.0
-                self.last_error = ""
-            except Exception as err:  # API trouble or a bug: never let the writer die
-                backoff = min(max(backoff * 2, 0.5), 60.0)
-                delay = backoff
-                self.last_error = str(err)
-                log.warning(
-                    "webhook certificate reconcile failed, retrying",
-                    extra={"error": str(err), "retry_in_s": delay},
-                    exc_info=not isinstance(err, ApiError),
-                )
-            self._wake.wait(delay)
+    # -- the loop (a single-key controller of the runtime calls these) -------------------------
+    def sync(self) -> float:
+        """One reconcile; seconds until the next one is due (the certificates' next step, at
+        least 0.2 s, at most `resync`). Raises on API trouble: the caller backs off."""
+        next_check = self.reconcile()
+        delay = (next_check - self._clock()).total_seconds()
+        return min(max(delay, 0.2), self._resync)
 
     # -- one reconcile ------------------------------------------------------------------------
     def reconcile(self) -> dt.datetime:
