@@ -15,6 +15,7 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
    and during the outage, and how many of the spans sent during it arrived afterwards.
 
     .venv/bin/python bench/product_node.py [--deployments 20] [--repeat 10]
+    (0 skips that part: `--deployments 0 --repeat 0` measures only bytes and the outage)
 """
 
 from __future__ import annotations
@@ -196,9 +197,11 @@ def main() -> int:
     generator = installed_product(_NoSharedNode())  # type: ignore[arg-type]  # duck-typed
     product = next(generator)
     try:
-        results["activation"] = activation(product, args.deployments)
-        plain = product.new_namespace("bench-plain")
-        results["untraced"] = pod_starts(product, plain, args.repeat)
+        if args.deployments:
+            results["activation"] = activation(product, args.deployments)
+        if args.repeat:
+            plain = product.new_namespace("bench-plain")
+            results["untraced"] = pod_starts(product, plain, args.repeat)
         traced = product.new_namespace("bench-traced")
         token = f"t_{uuid.uuid4().hex[:21]}"
         product.kubectl("apply", "-n", traced, "-f", "-", input=readme_yaml(token))
@@ -209,7 +212,8 @@ def main() -> int:
             ),
             60, "the Lumigo Active",
         )  # fmt: skip
-        results["traced"] = pod_starts(product, traced, args.repeat)
+        if args.repeat:
+            results["traced"] = pod_starts(product, traced, args.repeat)
         probe = deployment("bytes", product.images["python-app"])
         product.kubectl("apply", "-n", traced, "-f", "-", input=json.dumps(probe))
         pod = rolled_out(product, traced, "bytes")
