@@ -11,7 +11,9 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
    namespace, create -> Ready (p50), with the init container's copy time (its started ->
    finished) and the app container's started -> Ready (tracer start-up included when traced);
 3. bytes copied per pod start: `du -sb /opt/lumigo` in a traced pod;
-4. the sink down for 60 s: latency of a traced app's HTTP responses (p50, p99) with the sink up
+4. tracer start-up: inside a traced pod, `python3 -c pass` with the injected environment and
+   without LD_PRELOAD (medians of 7);
+5. the sink down for 60 s: latency of a traced app's HTTP responses (p50, p99) with the sink up
    and during the outage, and how many of the spans sent during it arrived afterwards.
 
     .venv/bin/python bench/product_node.py [--deployments 20] [--repeat 10]
@@ -188,6 +190,29 @@ def sink_outage(product: Product, namespace: str, pod: JSON) -> dict[str, float]
     }
 
 
+# Run inside the traced container: start `python3 -c pass` with the injected environment and
+# without LD_PRELOAD, alternately; the medians (s). The difference is the tracer's start-up.
+STARTUP_PROBE = """
+import os, statistics, subprocess, sys, time
+plain = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+runs = {"traced": [], "plain": []}
+for _ in range(7):
+    for name, env in (("traced", dict(os.environ)), ("plain", plain)):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        runs[name].append(time.perf_counter() - start)
+print(statistics.median(runs["traced"]), statistics.median(runs["plain"]))
+"""
+
+
+def tracer_startup(product: Product, namespace: str, pod: JSON) -> dict[str, float]:
+    out = product.kubectl(
+        "exec", "-n", namespace, pod["metadata"]["name"], "--", "python3", "-c", STARTUP_PROBE
+    )
+    traced, plain = (float(v) for v in out.split())
+    return {"python_start_traced_s": traced, "python_start_plain_s": plain}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deployments", type=int, default=20)
@@ -221,6 +246,7 @@ def main() -> int:
             "exec", "-n", traced, pod["metadata"]["name"], "--", "du", "-sb", "/opt/lumigo"
         )
         results["bytes_copied_per_pod"] = int(du.split()[0])
+        results["tracer_startup"] = tracer_startup(product, traced, pod)
         results["sink_down_60s"] = sink_outage(product, traced, pod)
     finally:
         generator.close()
