@@ -227,6 +227,19 @@ def readme_yaml(token: str) -> str:
     return text.replace(SAMPLE_TOKEN + " #", token + " #")
 
 
+def apply_readme(product: Product, namespace: str, token: str) -> None:
+    """The README's Secret + Lumigo, then wait until the Lumigo is Active: only then does the
+    webhook inject at admission (before, the controller instruments what was admitted)."""
+    product.kubectl("apply", "-n", namespace, "-f", "-", input=readme_yaml(token))
+    wait_until(
+        lambda: "True" in product.kubectl(
+            "get", "lumigo", "lumigo", "-n", namespace,
+            "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}",
+        ),
+        120, f"the Lumigo of {namespace} Active",
+    )  # fmt: skip
+
+
 def wait_for(check: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
     """Poll `check` until it returns something truthy; that value."""
     deadline = time.monotonic() + timeout

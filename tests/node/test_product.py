@@ -33,6 +33,7 @@ from tests.node.product import (
     OPERATOR_NS,
     RELEASE,
     Product,
+    apply_readme,
     decode,
     deployment,
     http_get,
@@ -137,7 +138,7 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
     # The API server calls both through the Service's ClusterIP: the defaulter (failurePolicy
     # Fail) admits a Lumigo, and the injector mutates a Deployment.
     ns = product.new_namespace("webhook-check")
-    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(TOKEN))
+    apply_readme(product, ns, TOKEN)
     created = product.kubectl(
         "apply", "-n", ns, "-o", "json", "-f", "-",
         input=json.dumps(deployment("probe", product.images["python-app"])),
@@ -248,14 +249,7 @@ PER_CONTAINER_RESTRICTED = {
 def variants_ns(product: Product) -> str:
     """A traced namespace (the README's Lumigo) for the variants, created before them."""
     product.new_namespace(VARIANTS_NS)
-    product.kubectl("apply", "-n", VARIANTS_NS, "-f", "-", input=readme_yaml(TOKEN))
-    wait_until(
-        lambda: "True" in product.kubectl(
-            "get", "lumigo", "lumigo", "-n", VARIANTS_NS,
-            "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}",
-        ),
-        60, "the Lumigo Active",
-    )  # fmt: skip
+    apply_readme(product, VARIANTS_NS, TOKEN)
     return VARIANTS_NS
 
 
@@ -335,19 +329,12 @@ def test_a_restricted_namespace_with_run_as_non_root_per_container_is_traced(
             "pod-security.kubernetes.io/enforce-version": "latest",
         },
     )
-    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(TOKEN))
+    apply_readme(product, ns, TOKEN)
     obj = with_container(
         deployment("strict", product.images["python-app"]),
         securityContext=PER_CONTAINER_RESTRICTED,
     )
     assert "runAsNonRoot" not in obj["spec"]["template"]["spec"].get("securityContext", {})
-    wait_until(
-        lambda: "True" in product.kubectl(
-            "get", "lumigo", "lumigo", "-n", ns,
-            "-o", "jsonpath={.status.conditions[?(@.type=='Active')].status}",
-        ),
-        60, "the Lumigo Active",
-    )  # fmt: skip
     pod = run_variant(product, ns, obj)
     spans_arrive(product, ns, pod)
 
@@ -527,7 +514,7 @@ def proxy_metric(product: Product, name: str, exporter: str = "otlp_http/lumigo"
 def traced_app(product: Product, namespace: str, token: str, name: str = "flask") -> str:
     """A namespace with the README's Lumigo (`token`) and a traced Flask app; its pod name."""
     product.new_namespace(namespace)
-    product.kubectl("apply", "-n", namespace, "-f", "-", input=readme_yaml(token))
+    apply_readme(product, namespace, token)
     product.kubectl(
         "apply", "-n", namespace, "-f", "-",
         input=json.dumps(deployment(name, product.images["python-app"])),
@@ -708,7 +695,7 @@ def traced_barrier(product: Product) -> tuple[str, str]:
     forwards while the first namespace sends nothing (an absence is only meaningful next to a
     presence that went through the same pipeline)."""
     ns = product.new_namespace("barrier")
-    product.kubectl("apply", "-n", ns, "-f", "-", input=readme_yaml(BARRIER_TOKEN))
+    apply_readme(product, ns, BARRIER_TOKEN)
     product.kubectl(
         "apply", "-n", ns, "-f", "-",
         input=json.dumps(deployment("flask", product.images["python-app"])),
