@@ -140,6 +140,7 @@ def installed_product(holder: NodeHolder) -> Generator[Product]:
         product = Product(cluster, node, release, sink, images)
         try:
             release.install("--create-namespace", *helm_values(images, product.sink_url))
+            wait_defaulter(product, OPERATOR_NS)
             yield product
         finally:
             sink.stop()
@@ -225,6 +226,19 @@ def readme_yaml(token: str) -> str:
     text = SAMPLE.read_text()
     assert text.count(SAMPLE_TOKEN + " #") == 1
     return text.replace(SAMPLE_TOKEN + " #", token + " #")
+
+
+def wait_defaulter(product: Product, namespace: str) -> None:
+    """Wait until the API server reaches the defaulter webhook (failurePolicy Fail): a Lumigo
+    create, dry-run on the server, goes through. Right after `helm install --wait` or a manager
+    restart, kube-proxy may not route the webhook Service to the new pod yet."""
+
+    def answers() -> bool:
+        out = product.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                              input=readme_yaml(SAMPLE_TOKEN), check=False)  # fmt: skip
+        return "lumigo.operator.lumigo.io/lumigo" in out and "Error" not in out
+
+    wait_until(answers, 120, "the defaulter webhook reachable through its Service")
 
 
 def apply_readme(product: Product, namespace: str, token: str) -> None:

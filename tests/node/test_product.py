@@ -40,6 +40,7 @@ from tests.node.product import (
     installed_product,
     readme_yaml,
     rolled_out,
+    wait_defaulter,
     wait_for,
 )
 from tests.support.otel import LogSeen
@@ -681,13 +682,7 @@ def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_i
     # Fail, by design).
     wait_until(lambda: deployment_available(product.cluster, OPERATOR_NS, manager), 120,
                "the manager Available")  # fmt: skip
-
-    def defaulter_answers() -> bool:
-        out = product.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-",
-                              input=readme_yaml(TOKEN), check=False)  # fmt: skip
-        return "lumigo.operator.lumigo.io/lumigo" in out and "Error" not in out
-
-    wait_until(defaulter_answers, 120, "the defaulter webhook answering again")
+    wait_defaulter(product, ns)
 
 
 def traced_barrier(product: Product) -> tuple[str, str]:
