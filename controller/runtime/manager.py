@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.runtime.health import Check, CheckFailed, ProbeServer
-from controller.runtime.informer import FuncHandler, Informer, Transform
+from controller.runtime.informer import FuncHandler, Informer, Selection, Transform
 from controller.runtime.kube import KubeClient
-from controller.runtime.leader import LeaderElector
+from controller.runtime.leader import LeaderElector, LeaseSettings, default_identity
 from controller.runtime.logs import log_context
 from controller.runtime.metrics import (
     ACTIVE_WORKERS,
@@ -282,7 +282,7 @@ class Manager:
     options: ManagerOptions = field(default_factory=ManagerOptions)
 
     def __post_init__(self) -> None:
-        self._informers: dict[tuple[Any, ...], Informer] = {}
+        self._informers: dict[Selection, Informer] = {}
         self._controllers: list[Controller] = []
         self._runnables: list[Runnable] = []
         self._started_runnables: list[Runnable] = []
@@ -322,9 +322,9 @@ class Manager:
         Callers share one cache, so they must agree on its projection and indexes: asking again
         with another `transform` or `indexed_labels` is an error, not someone else's cache.
         """
-        key = (resource, namespace, label_selector, field_selector)
+        selection = Selection(resource, namespace, label_selector, field_selector)
         with self._lock:
-            informer = self._informers.get(key)
+            informer = self._informers.get(selection)
             if informer is not None and (
                 informer.transform is not transform or informer.indexed_labels != indexed_labels
             ):
@@ -334,15 +334,9 @@ class Manager:
                 )
             if informer is None:
                 informer = Informer(
-                    self.client,
-                    resource,
-                    namespace=namespace,
-                    label_selector=label_selector,
-                    field_selector=field_selector,
-                    transform=transform,
-                    indexed_labels=indexed_labels,
+                    self.client, selection, transform=transform, indexed_labels=indexed_labels
                 )
-                self._informers[key] = informer
+                self._informers[selection] = informer
             return informer
 
     def add_controller(self, controller: Controller) -> None:
@@ -387,14 +381,17 @@ class Manager:
         self._start_runnables(leader_only=False)
         if self.options.leader_election:
             opts = self.options
-            self.elector = LeaderElector(
-                self.client.clone(timeout=opts.renew_deadline / 2, retry_attempts=1),
+            settings = LeaseSettings(
                 opts.namespace,
                 opts.leader_election_id,
-                identity=opts.identity,
+                identity=opts.identity or default_identity(),
                 lease_duration=opts.lease_duration,
                 renew_deadline=opts.renew_deadline,
                 retry_period=opts.retry_period,
+            )
+            self.elector = LeaderElector(
+                self.client.clone(timeout=opts.renew_deadline / 2, retry_attempts=1),
+                settings,
                 on_started_leading=self._start_leader_work,
                 on_stopped_leading=opts.on_lost_leadership or _exit_on_lost_leadership,
             )

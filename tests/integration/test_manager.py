@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import JSONFormatter
 from controller.runtime.manager import (
@@ -198,8 +198,8 @@ def test_probes_and_metrics_names(
         def _run(self) -> None:
             return
 
-    dead = Dead(kube, CONFIGMAPS, namespace="kube-system")
-    manager._informers[("dead",)] = dead
+    dead = Dead(kube, Selection(CONFIGMAPS, namespace="kube-system"))
+    manager._informers[dead.selection] = dead
     dead.start()
     wait_until(lambda: get(f"{probes}/healthz")[0] == 500, 10, "/healthz to fail")
     code, text = get(f"{probes}/healthz?verbose")

@@ -21,7 +21,7 @@ from api import constants
 from controller.lumigo.instrumentation import Instrumenter
 from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, ReconcileError
 from controller.runtime.resources import DEPLOYMENTS, SECRETS, ApiError
@@ -92,11 +92,10 @@ def _secret_read_status(client: KubeClient, namespace: str) -> int:
 
 @pytest.fixture
 def informers(kube: KubeClient, namespace: str, crd: object) -> Iterator[tuple[Informer, Informer]]:
-    lumigoes = Informer(kube, LUMIGOES, namespace=namespace)
+    lumigoes = Informer(kube, Selection(LUMIGOES, namespace=namespace))
     deployments = Informer(
         kube,
-        DEPLOYMENTS,
-        namespace=namespace,
+        Selection(DEPLOYMENTS, namespace=namespace),
         transform=metadata_projection(),
         indexed_labels=(constants.LABEL_AUTO_TRACE,),
     )

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
 from controller.telemetry.config import ProxySettings
@@ -51,7 +51,7 @@ def monitored(cluster: LocalCluster, crd: object) -> Iterator[str]:
 @pytest.fixture
 def informer(kube: KubeClient, monitored: str) -> Iterator[Informer]:
     """Lumigoes of the monitored namespace only, so other tests' objects cannot interfere."""
-    lumigoes = Informer(kube, LUMIGOES, namespace=monitored)
+    lumigoes = Informer(kube, Selection(LUMIGOES, namespace=monitored))
     lumigoes.start()
     try:
         assert lumigoes.wait_for_sync(30)

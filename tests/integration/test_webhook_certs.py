@@ -12,7 +12,7 @@ from typing import Any
 from cryptography import x509
 from prometheus_client import REGISTRY
 
-from controller.runtime.informer import FuncHandler, Informer
+from controller.runtime.informer import FuncHandler, Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
@@ -160,8 +160,12 @@ def test_forced_ca_rotation_is_staged_on_the_cluster(kube: KubeClient, namespace
             bundles.append((revision(obj), certs.parse_bundle(bundle)))
 
     watchers = [
-        Informer(kube, SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}"),
-        Informer(kube, MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={name}"),
+        Informer(
+            kube, Selection(SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}")
+        ),
+        Informer(
+            kube, Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={name}")
+        ),
     ]
     for watcher, record in zip(watchers, (record_secret, record_config), strict=True):
         watcher.add_handler(FuncHandler(add=record, update=lambda _old, new, r=record: r(new)))

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from controller.operator import cert_writer_controller
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
@@ -149,10 +149,16 @@ class CertStack:
         self.writer = CertWriter(kube, policy, secret, mutating=mutating)
         self.replica = SelfSignedCerts(self.tls, policy, secret, mutating=mutating, kube=kube)
         self.secrets = Informer(
-            kube, SECRETS, namespace=policy.namespace, field_selector=f"metadata.name={secret}"
+            kube,
+            Selection(
+                SECRETS, namespace=policy.namespace, field_selector=f"metadata.name={secret}"
+            ),
         )
         self.configs = [
-            Informer(kube, MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
+            Informer(
+                kube,
+                Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}"),
+            )
             for n in mutating
         ]
         self._informers = [self.secrets, *self.configs]
