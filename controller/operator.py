@@ -19,7 +19,7 @@ from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, ManagerOptions, Result, Runnable
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
@@ -92,10 +92,12 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
             metrics_bind_address=opts.metrics_bind_address,
         ),
     )
-    lumigoes = manager.informer(LUMIGOES)
+    lumigoes = manager.informer(Selection(LUMIGOES))
     workloads = {
         r.kind: manager.informer(
-            r, transform=metadata_projection(), indexed_labels=(constants.LABEL_AUTO_TRACE,)
+            Selection(r),
+            transform=metadata_projection(),
+            indexed_labels=(constants.LABEL_AUTO_TRACE,),
         )
         for r in WORKLOADS
     }
@@ -187,15 +189,14 @@ def _add_webhook(
                         resync=opts.cert_check_interval)  # fmt: skip
     replica = SelfSignedCerts(tls, policy, opts.cert_secret, mutating=mutating, kube=client)
     # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
-    watched = [
-        manager.informer(
-            SECRETS, namespace=opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"
-        ),
+    selections = [
+        Selection(SECRETS, opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"),
         *(
-            manager.informer(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
+            Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
             for n in mutating
         ),
     ]
+    watched = [manager.informer(selection) for selection in selections]
     for informer in watched:
         informer.add_handler(replica)
         # On every replica: the writer remembers the last good Secret (a new leader needs it)
