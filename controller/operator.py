@@ -26,7 +26,7 @@ from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, WORKLOADS
 from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
-from controller.telemetry.config import DEFAULT_UPSTREAM, ProxySettings
+from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
 from webhook.admission.cert_manager import CertWriter, FileCerts, SelfSignedCerts
@@ -230,9 +230,11 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
     settings = ProxySettings(
         upstream_endpoint=opts.telemetry_upstream_endpoint or DEFAULT_UPSTREAM,
         upstream_logs_endpoint=opts.telemetry_upstream_logs_endpoint,
-        cluster_name=opts.cluster_name,
-        operator_version=opts.operator_version,
-        deployment_method=opts.deployment_method,
+        origin=Origin(
+            cluster_name=opts.cluster_name,
+            operator_version=opts.operator_version,
+            deployment_method=opts.deployment_method,
+        ),
         lease_namespace=opts.namespace,
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)

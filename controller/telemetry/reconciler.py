@@ -158,8 +158,9 @@ class TelemetryProxyReconciler:
             lease_namespace=t.namespace,
             lease_name=f"{t.deployment_name}-k8s-objects",
         )
-        if not settings.cluster_uid:
-            settings = replace(settings, cluster_uid=self._get_cluster_uid())
+        if not settings.origin.cluster_uid:
+            origin = replace(settings.origin, cluster_uid=self._get_cluster_uid())
+            settings = replace(settings, origin=origin)
         text = render(namespaces, settings)
         check_size(text, len(namespaces))
         digest = config_hash(text)

@@ -26,7 +26,7 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, ReconcileError
 from controller.runtime.resources import DEPLOYMENTS, SECRETS, ApiError
 from controller.runtime.store import ObjectKey
-from controller.telemetry.config import ProxySettings
+from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
@@ -200,7 +200,7 @@ def test_a_forbidden_secret_read_keeps_the_proxy_configuration(
         "the active Lumigo cached",
     )
     target = ProxyTarget(namespace, "proxy-config", "proxy")
-    settings = ProxySettings(cluster_name="it", cluster_uid="test")
+    settings = ProxySettings(origin=Origin(cluster_name="it", cluster_uid="test"))
     assert TelemetryProxyReconciler(kube, lumigoes, target, settings).sync() is True
     stored = kube.get(SECRETS, target.secret_name, namespace)
 

@@ -21,7 +21,7 @@ from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
-from controller.telemetry.config import ProxySettings
+from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.reconciler import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
@@ -87,7 +87,7 @@ def make(kube: KubeClient, informer: Informer, namespace: str) -> TelemetryProxy
         kube,
         informer,
         ProxyTarget(namespace, PROXY_SECRET, PROXY),
-        ProxySettings(cluster_name="it"),
+        ProxySettings(origin=Origin(cluster_name="it")),
         resync_period=1.0,
     )
 
