@@ -29,7 +29,7 @@ from controller.runtime.store import ObjectKey, key_of
 from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
-from webhook.admission.cert_manager import CertWriter, FileCerts, SelfSignedCerts
+from webhook.admission.cert_manager import CertWriter, FileCerts, ManagedCert, SelfSignedCerts
 from webhook.admission.certs import CertPolicy
 from webhook.admission.server import AdmissionServer, ServerOptions
 from webhook.admission.tls import ServingTLS
@@ -185,9 +185,9 @@ def _add_webhook(
         extra_ip_addresses=ips,
     )
     mutating = opts.webhook_configurations
-    writer = CertWriter(client, policy, opts.cert_secret, mutating=mutating,
-                        resync=opts.cert_check_interval)  # fmt: skip
-    replica = SelfSignedCerts(tls, policy, opts.cert_secret, mutating=mutating, kube=client)
+    cert = ManagedCert(policy, opts.cert_secret, mutating=mutating)
+    writer = CertWriter(client, cert, resync=opts.cert_check_interval)
+    replica = SelfSignedCerts(tls, cert, kube=client)
     # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
     selections = [
         Selection(SECRETS, opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"),

@@ -25,7 +25,7 @@ from tests.support.webhook_cluster import (
     unique_name,
 )
 from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter
+from webhook.admission.cert_manager import CertWriter, ManagedCert
 
 URL = "https://127.0.0.1:1/v1alpha1/inject"  # never called: these tests only look at certificates
 
@@ -108,7 +108,10 @@ def test_concurrent_writers_settle_on_one_state(kube: KubeClient, namespace: str
     """Two leaders for a moment (a handover): 409s make one of them re-read, never clobber."""
     name = unique_name("certs-race")
     with registered(kube, mutating_configuration(name, namespace, URL)):
-        writers = [CertWriter(kube, policy(namespace), SECRET, mutating=[name]) for _ in range(2)]
+        writers = [
+            CertWriter(kube, ManagedCert(policy(namespace), SECRET, mutating=[name]))
+            for _ in range(2)
+        ]
         errors: list[BaseException] = []
 
         def run(writer: CertWriter) -> None:

@@ -21,7 +21,7 @@ from controller.runtime.manager import Controller
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
 from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter, SelfSignedCerts
+from webhook.admission.cert_manager import CertWriter, ManagedCert, SelfSignedCerts
 from webhook.admission.readiness import NotReady
 from webhook.admission.tls import ServingTLS
 
@@ -146,8 +146,9 @@ class CertStack:
         self.policy = policy
         self.secret = secret
         self.tls = tls or ServingTLS()
-        self.writer = CertWriter(kube, policy, secret, mutating=mutating)
-        self.replica = SelfSignedCerts(self.tls, policy, secret, mutating=mutating, kube=kube)
+        cert = ManagedCert(policy, secret, mutating=mutating)
+        self.writer = CertWriter(kube, cert)
+        self.replica = SelfSignedCerts(self.tls, cert, kube=kube)
         self.secrets = Informer(
             kube,
             Selection(
