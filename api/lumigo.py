@@ -7,9 +7,10 @@ dumping a spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import marshmallow
 from marshmallow import EXCLUDE, Schema, fields, post_load
@@ -54,6 +55,30 @@ class _Base(Schema):
     error_messages = {"type": "must be an object"}
 
 
+class _ModelSchema(_Base):
+    """A schema that loads into its `model` (a frozen dataclass of the same fields)."""
+
+    model: ClassVar[Callable[..., Any]]
+
+    def on_bind_field(self, field_name: str, field_obj: fields.Field[Any]) -> None:
+        """The model's attribute is the field's name in snake_case (secretRef: secret_ref)."""
+        field_obj.attribute = re.sub(r"(?<!^)(?=[A-Z])", "_", field_name).lower()
+
+    @post_load
+    def make(self, data: dict[str, Any], **_: Any) -> Any:
+        return self.model(**data)
+
+
+def _flag(default: bool, description: str) -> StrictBoolean:
+    """A boolean of the spec (the `enabled` switch of a section, or an option of it)."""
+    return StrictBoolean(load_default=default, metadata={"description": description})
+
+
+def _nested(schema: type[_ModelSchema], description: str) -> fields.Nested:
+    """A sub-section; absent, it loads as its model's defaults."""
+    return fields.Nested(schema, load_default=schema.model, metadata={"description": description})
+
+
 # --- spec ---------------------------------------------------------------------------------
 
 
@@ -69,31 +94,35 @@ class LumigoToken:
 
 
 @dataclass(frozen=True)
-class Injection:
+class Switchable:
+    """A section of the spec that can be turned off (most are on unless told otherwise)."""
+
     enabled: bool = True
+
+
+@dataclass(frozen=True)
+class Injection(Switchable):
     inject_lumigo_into_existing_resources_on_creation: bool = True
     remove_lumigo_from_resources_on_deletion: bool = True
 
 
 @dataclass(frozen=True)
-class Tracing:
-    enabled: bool = True
+class Tracing(Switchable):
     injection: Injection = field(default_factory=Injection)
 
 
 @dataclass(frozen=True)
-class Logging:
+class Logging(Switchable):
     enabled: bool = False
 
 
 @dataclass(frozen=True)
-class KubeEvents:
-    enabled: bool = True
+class KubeEvents(Switchable):
+    """Kubernetes events and object versions: only the switch."""
 
 
 @dataclass(frozen=True)
-class Infrastructure:
-    enabled: bool = True
+class Infrastructure(Switchable):
     kube_events: KubeEvents = field(default_factory=KubeEvents)
 
 
@@ -105,7 +134,9 @@ class LumigoSpec:
     infrastructure: Infrastructure = field(default_factory=Infrastructure)
 
 
-class SecretRefSchema(_Base):
+class SecretRefSchema(_ModelSchema):
+    model = SecretRef
+
     name = StrictString(
         required=True,
         metadata={"description": "Name of the Secret, in the same namespace, holding the token."},
@@ -119,127 +150,62 @@ class SecretRefSchema(_Base):
         },
     )
 
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> SecretRef:
-        return SecretRef(**data)
 
+class LumigoTokenSchema(_ModelSchema):
+    model = LumigoToken
 
-class LumigoTokenSchema(_Base):
-    secretRef = fields.Nested(
-        SecretRefSchema,
-        data_key="secretRef",
-        attribute="secret_ref",
-        load_default=SecretRef,
-        metadata={"description": "Reference to the Kubernetes Secret holding the Lumigo token."},
+    secretRef = _nested(
+        SecretRefSchema, "Reference to the Kubernetes Secret holding the Lumigo token."
     )
 
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> LumigoToken:
-        return LumigoToken(**data)
 
+class InjectionSchema(_ModelSchema):
+    model = Injection
 
-class InjectionSchema(_Base):
-    enabled = StrictBoolean(
-        load_default=True,
-        metadata={"description": "Inject the Lumigo tracers into workloads of this namespace."},
+    enabled = _flag(True, "Inject the Lumigo tracers into workloads of this namespace.")
+    injectLumigoIntoExistingResourcesOnCreation = _flag(
+        True, "Instrument the workloads that already exist on activation."
     )
-    injectLumigoIntoExistingResourcesOnCreation = StrictBoolean(
-        attribute="inject_lumigo_into_existing_resources_on_creation",
-        load_default=True,
-        metadata={"description": "Instrument the workloads that already exist on activation."},
-    )
-    removeLumigoFromResourcesOnDeletion = StrictBoolean(
-        attribute="remove_lumigo_from_resources_on_deletion",
-        load_default=True,
-        metadata={"description": "Remove instrumentation when this resource is deleted."},
+    removeLumigoFromResourcesOnDeletion = _flag(
+        True, "Remove instrumentation when this resource is deleted."
     )
 
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> Injection:
-        return Injection(**data)
+
+class TracingSchema(_ModelSchema):
+    model = Tracing
+
+    enabled = _flag(True, "Sets LUMIGO_ENABLE_TRACES in instrumented containers.")
+    injection = _nested(InjectionSchema, "How workloads are instrumented.")
 
 
-class TracingSchema(_Base):
-    enabled = StrictBoolean(
-        load_default=True,
-        metadata={"description": "Sets LUMIGO_ENABLE_TRACES in instrumented containers."},
+class LoggingSchema(_ModelSchema):
+    model = Logging
+
+    enabled = _flag(False, "Sets LUMIGO_ENABLE_LOGS in instrumented containers.")
+
+
+class KubeEventsSchema(_ModelSchema):
+    model = KubeEvents
+
+    enabled = _flag(True, "Collect Kubernetes events and object versions.")
+
+
+class InfrastructureSchema(_ModelSchema):
+    model = Infrastructure
+
+    enabled = _flag(True, "Collect infrastructure telemetry for this namespace.")
+    kubeEvents = _nested(KubeEventsSchema, "Kubernetes events and object versions collection.")
+
+
+class LumigoSpecSchema(_ModelSchema):
+    model = LumigoSpec
+
+    lumigoToken = _nested(LumigoTokenSchema, "Where to find the Lumigo token of this namespace.")
+    tracing = _nested(TracingSchema, "Distributed tracing of the namespace's workloads.")
+    logging = _nested(LoggingSchema, "Log collection from the namespace's workloads.")
+    infrastructure = _nested(
+        InfrastructureSchema, "Infrastructure telemetry (Kubernetes events and objects)."
     )
-    injection = fields.Nested(
-        InjectionSchema,
-        load_default=Injection,
-        metadata={"description": "How workloads are instrumented."},
-    )
-
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> Tracing:
-        return Tracing(**data)
-
-
-class LoggingSchema(_Base):
-    enabled = StrictBoolean(
-        load_default=False,
-        metadata={"description": "Sets LUMIGO_ENABLE_LOGS in instrumented containers."},
-    )
-
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> Logging:
-        return Logging(**data)
-
-
-class KubeEventsSchema(_Base):
-    enabled = StrictBoolean(
-        load_default=True,
-        metadata={"description": "Collect Kubernetes events and object versions."},
-    )
-
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> KubeEvents:
-        return KubeEvents(**data)
-
-
-class InfrastructureSchema(_Base):
-    enabled = StrictBoolean(
-        load_default=True,
-        metadata={"description": "Collect infrastructure telemetry for this namespace."},
-    )
-    kubeEvents = fields.Nested(
-        KubeEventsSchema,
-        attribute="kube_events",
-        load_default=KubeEvents,
-        metadata={"description": "Kubernetes events and object versions collection."},
-    )
-
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> Infrastructure:
-        return Infrastructure(**data)
-
-
-class LumigoSpecSchema(_Base):
-    lumigoToken = fields.Nested(
-        LumigoTokenSchema,
-        attribute="lumigo_token",
-        load_default=LumigoToken,
-        metadata={"description": "Where to find the Lumigo token of this namespace."},
-    )
-    tracing = fields.Nested(
-        TracingSchema,
-        load_default=Tracing,
-        metadata={"description": "Distributed tracing of the namespace's workloads."},
-    )
-    logging = fields.Nested(
-        LoggingSchema,
-        load_default=Logging,
-        metadata={"description": "Log collection from the namespace's workloads."},
-    )
-    infrastructure = fields.Nested(
-        InfrastructureSchema,
-        load_default=Infrastructure,
-        metadata={"description": "Infrastructure telemetry (Kubernetes events and objects)."},
-    )
-
-    @post_load
-    def make(self, data: dict[str, Any], **_: Any) -> LumigoSpec:
-        return LumigoSpec(**data)
 
 
 # --- status -------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from localcluster import LocalCluster  # noqa: E402
 MEASURE = """
 import gc, json, sys, time
 from controller.runtime.kube import KubeClient
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.resources import DEPLOYMENTS
 from api import constants
 
@@ -39,7 +39,7 @@ def rss_kib():
 client = KubeClient.from_kubeconfig(sys.argv[1])
 mode = sys.argv[2]
 transform = metadata_projection() if mode == "projection" else None
-informer = Informer(client, DEPLOYMENTS, transform=transform,
+informer = Informer(client, Selection(DEPLOYMENTS), transform=transform,
                     indexed_labels=(constants.LABEL_AUTO_TRACE,))
 gc.collect()
 before = rss_kib()

@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
 from controller.runtime.kube import KubeClient  # noqa: E402
 from controller.runtime.resources import PODS  # noqa: E402
-from controller.telemetry.config import render  # noqa: E402
+from controller.telemetry.config import Origin, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     export_request,
@@ -109,7 +109,7 @@ def main() -> int:
         status = {"status": {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}
         kube.merge_patch(PODS, "app", status, "bench", "status")
 
-        settings = local_settings(sink.url, "bench", cluster_uid="bench-cluster")
+        settings = local_settings(sink.url, "bench", origin=Origin("local-test", "bench-cluster"))
         config = render([], settings)
         with (
             tempfile.TemporaryDirectory() as workdir,

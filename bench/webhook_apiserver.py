@@ -32,7 +32,7 @@ from prometheus_client import REGISTRY  # noqa: E402
 from api import constants  # noqa: E402
 from controller.lumigo.resources import LUMIGOES  # noqa: E402
 from controller.runtime.events import EventRecorder  # noqa: E402
-from controller.runtime.informer import Informer, metadata_projection  # noqa: E402
+from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
 from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
@@ -121,10 +121,10 @@ def main() -> int:
         cluster.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s", f"crd/{constants.CRD_NAME}"
         )
-        lumigoes = Informer(kube, LUMIGOES)
+        lumigoes = Informer(kube, Selection(LUMIGOES))
         lumigoes.start()
         # As the operator wires it: UIDs of just-created workloads come from the informer cache.
-        deployments = Informer(kube, DEPLOYMENTS, transform=metadata_projection())
+        deployments = Informer(kube, Selection(DEPLOYMENTS), transform=metadata_projection())
         deployments.start()
         recorder = EventRecorder(
             kube, lookup=lambda kind, ns, name: deployments.get(ns, name)

@@ -19,17 +19,17 @@ from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, ManagerOptions, Result, Runnable
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, WORKLOADS
 from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
-from controller.telemetry.config import DEFAULT_UPSTREAM, ProxySettings
+from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
-from webhook.admission.cert_manager import CertWriter, FileCerts, SelfSignedCerts
+from webhook.admission.cert_manager import CertWriter, FileCerts, ManagedCert, SelfSignedCerts
 from webhook.admission.certs import CertPolicy
 from webhook.admission.server import AdmissionServer, ServerOptions
 from webhook.admission.tls import ServingTLS
@@ -92,10 +92,12 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
             metrics_bind_address=opts.metrics_bind_address,
         ),
     )
-    lumigoes = manager.informer(LUMIGOES)
+    lumigoes = manager.informer(Selection(LUMIGOES))
     workloads = {
         r.kind: manager.informer(
-            r, transform=metadata_projection(), indexed_labels=(constants.LABEL_AUTO_TRACE,)
+            Selection(r),
+            transform=metadata_projection(),
+            indexed_labels=(constants.LABEL_AUTO_TRACE,),
         )
         for r in WORKLOADS
     }
@@ -183,19 +185,18 @@ def _add_webhook(
         extra_ip_addresses=ips,
     )
     mutating = opts.webhook_configurations
-    writer = CertWriter(client, policy, opts.cert_secret, mutating=mutating,
-                        resync=opts.cert_check_interval)  # fmt: skip
-    replica = SelfSignedCerts(tls, policy, opts.cert_secret, mutating=mutating, kube=client)
+    cert = ManagedCert(policy, opts.cert_secret, mutating=mutating)
+    writer = CertWriter(client, cert, resync=opts.cert_check_interval)
+    replica = SelfSignedCerts(tls, cert, kube=client)
     # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
-    watched = [
-        manager.informer(
-            SECRETS, namespace=opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"
-        ),
+    selections = [
+        Selection(SECRETS, opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"),
         *(
-            manager.informer(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
+            Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
             for n in mutating
         ),
     ]
+    watched = [manager.informer(selection) for selection in selections]
     for informer in watched:
         informer.add_handler(replica)
         # On every replica: the writer remembers the last good Secret (a new leader needs it)
@@ -229,9 +230,11 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
     settings = ProxySettings(
         upstream_endpoint=opts.telemetry_upstream_endpoint or DEFAULT_UPSTREAM,
         upstream_logs_endpoint=opts.telemetry_upstream_logs_endpoint,
-        cluster_name=opts.cluster_name,
-        operator_version=opts.operator_version,
-        deployment_method=opts.deployment_method,
+        origin=Origin(
+            cluster_name=opts.cluster_name,
+            operator_version=opts.operator_version,
+            deployment_method=opts.deployment_method,
+        ),
         lease_namespace=opts.namespace,
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Protocol
 
 from api import constants
@@ -76,19 +76,15 @@ def is_labelled_instrumented(obj: JSON) -> bool:
     return mutation.auto_trace_label(obj) is not None and not mutation.is_opted_out(obj)
 
 
+@dataclass(eq=False)
 class Instrumenter:
-    def __init__(
-        self,
-        client: KubeClient,
-        recorder: events.EventRecorder,
-        *,
-        component: str,
-        concurrency: int = 8,
-    ) -> None:
-        self.client = client
-        self.recorder = recorder
-        self.component = component
-        self.concurrency = concurrency
+    """Adds or removes the injection on workloads, `concurrency` at a time."""
+
+    client: KubeClient
+    recorder: events.EventRecorder
+    _: KW_ONLY
+    component: str
+    concurrency: int = 8
 
     # -- one object ----------------------------------------------------------------------------
     def instrument(

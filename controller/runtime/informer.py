@@ -124,31 +124,38 @@ def metadata_projection(extra: Callable[[JSON], JSON] | None = None) -> Transfor
     return project
 
 
+@dataclass(frozen=True)
+class Selection:
+    """What one informer lists and watches: a resource, optionally one namespace and selectors."""
+
+    resource: Resource
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+
 class Informer:
-    """Keeps `store` in sync with one resource (optionally one namespace / selectors)."""
+    """Keeps `store` in sync with one `Selection`."""
+
+    # The server ends each WATCH after a random 5-10 min, so relists of many informers spread out.
+    WATCH_TIMEOUTS = (300, 600)
 
     def __init__(
         self,
         client: KubeClient,
-        resource: Resource,
+        selection: Selection,
         *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
         transform: Transform | None = None,
         indexed_labels: tuple[str, ...] = (),
-        min_watch_timeout: int = 300,
-        max_watch_timeout: int = 600,
     ) -> None:
         self.client = client
-        self.resource = resource
-        self.namespace = namespace
-        self.label_selector = label_selector
-        self.field_selector = field_selector
+        self.selection = selection
+        self.resource = selection.resource
         self.transform = transform
         self.indexed_labels = indexed_labels
         self.store = Store(indexed_labels)
-        self.name = f"{resource.plural}" + (f"@{namespace}" if namespace else "")
+        namespace = selection.namespace
+        self.name = selection.resource.plural + (f"@{namespace}" if namespace else "")
         self._handlers: list[EventHandler] = []
         self._handlers_lock = threading.Lock()
         self._stop = threading.Event()
@@ -156,7 +163,6 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._stream: WatchStream | None = None
         self._resource_version = ""
-        self._watch_timeouts = (min_watch_timeout, max_watch_timeout)
         self.last_error: str = ""
         self.relists = 0
 
@@ -240,11 +246,12 @@ class Informer:
         self._stop.wait(delay)
 
     def _list(self) -> None:
+        sel = self.selection
         objs, resource_version = self.client.list(
-            self.resource,
-            self.namespace,
-            label_selector=self.label_selector,
-            field_selector=self.field_selector,
+            sel.resource,
+            sel.namespace,
+            label_selector=sel.label_selector,
+            field_selector=sel.field_selector,
             limit=100 if self.transform else 500,
             transform=self._prepare,
         )
@@ -265,13 +272,14 @@ class Informer:
         self._synced.set()
 
     def _watch(self) -> None:
-        timeout = random.randint(*self._watch_timeouts)
+        sel = self.selection
+        timeout = random.randint(*self.WATCH_TIMEOUTS)
         stream = self.client.watch(
-            self.resource,
-            self.namespace,
+            sel.resource,
+            sel.namespace,
             resource_version=self._resource_version,
-            label_selector=self.label_selector,
-            field_selector=self.field_selector,
+            label_selector=sel.label_selector,
+            field_selector=sel.field_selector,
             timeout_seconds=timeout,
         )
         self._stream = stream

@@ -251,11 +251,7 @@ class KubeClient:
         projection never holds more than one page of full objects.
         """
         items: JSONList = []
-        params: dict[str, Any] = {"limit": limit}
-        if label_selector:
-            params["labelSelector"] = label_selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
+        params: dict[str, Any] = {"limit": limit, **_selectors(label_selector, field_selector)}
         while True:
             try:
                 page: JSON = self.request("GET", resource.path(namespace), params=params)
@@ -288,10 +284,9 @@ class KubeClient:
         subresource: str | None = None,
     ) -> JSON:
         """PUT the whole object; its metadata.resourceVersion makes this optimistic locking."""
-        name = body["metadata"]["name"]
-        ns = namespace if namespace is not None else body["metadata"].get("namespace")
-        path = resource.path(ns, name) + (f"/{subresource}" if subresource else "")
-        result: JSON = self.request("PUT", path, body=body)
+        result: JSON = self.request(
+            "PUT", _body_path(resource, body, namespace, subresource), body=body
+        )
         return result
 
     def merge_patch(
@@ -303,66 +298,39 @@ class KubeClient:
         subresource: str | None = None,
     ) -> JSON:
         path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
-        result: JSON = self.request(
-            "PATCH", path, body=patch, content_type="application/merge-patch+json"
-        )
-        return result
+        return self._patch(path, patch, "application/merge-patch+json")
 
     def json_patch(
-        self,
-        resource: Resource,
-        name: str,
-        ops: JSONList,
-        namespace: str | None = None,
-        subresource: str | None = None,
+        self, resource: Resource, name: str, ops: JSONList, namespace: str | None = None
     ) -> JSON:
-        path = resource.path(namespace, name) + (f"/{subresource}" if subresource else "")
-        result: JSON = self.request(
-            "PATCH", path, body=ops, content_type="application/json-patch+json"
-        )
-        return result
+        return self._patch(resource.path(namespace, name), ops, "application/json-patch+json")
 
-    def apply(
-        self,
-        resource: Resource,
-        body: JSON,
-        field_manager: str,
-        namespace: str | None = None,
-        *,
-        force: bool = True,
-        subresource: str | None = None,
-    ) -> JSON:
-        """Server-side apply (JSON is valid YAML, so the body is sent as-is)."""
-        name = body["metadata"]["name"]
-        ns = namespace if namespace is not None else body["metadata"].get("namespace")
-        path = resource.path(ns, name) + (f"/{subresource}" if subresource else "")
-        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
+    def apply(self, resource: Resource, body: JSON, field_manager: str, namespace: str) -> JSON:
+        """Server-side apply, forcing conflicts (JSON is valid YAML, so the body is sent as-is)."""
+        path = _body_path(resource, body, namespace, None)
+        params = {"fieldManager": field_manager, "force": "true"}
         result: JSON = self.request(
             "PATCH", path, params=params, body=body, content_type="application/apply-patch+yaml"
         )
         return result
 
+    def _patch(self, path: str, body: JSON | JSONList, content_type: str) -> JSON:
+        result: JSON = self.request("PATCH", path, body=body, content_type=content_type)
+        return result
+
     def delete(
-        self,
-        resource: Resource,
-        name: str,
-        namespace: str | None = None,
-        *,
-        propagation: str | None = None,
-        preconditions: JSON | None = None,
-        missing_ok: bool = True,
+        self, resource: Resource, name: str, namespace: str | None = None, *, propagation: str = ""
     ) -> JSON | None:
+        """DELETE; None when the object is already gone."""
         options: JSON = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if propagation:
             options["propagationPolicy"] = propagation
-        if preconditions:
-            options["preconditions"] = preconditions
         try:
             result: JSON | None = self.request(
                 "DELETE", resource.path(namespace, name), body=options
             )
         except ApiError as err:
-            if err.not_found and missing_ok:
+            if err.not_found:
                 return None
             raise
         return result
@@ -375,7 +343,6 @@ class KubeClient:
         mutate: Callable[[JSON], JSON | None],
         *,
         subresource: str | None = None,
-        attempts: int = 5,
         current: JSON | None = None,
     ) -> JSON | None:
         """GET, mutate, PUT; on 409 re-read and re-apply (client-go's RetryOnConflict).
@@ -384,6 +351,7 @@ class KubeClient:
         to change (then nothing is written and None is returned). A `current` copy (e.g. from a
         LIST just made) saves the first GET; a stale one only costs the 409 and a retry.
         """
+        attempts = 5
         for attempt in range(attempts):
             if attempt > 0 or current is None:
                 current = self.get(resource, name, namespace)
@@ -408,7 +376,6 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_seconds: int = 300,
-        bookmarks: bool = True,
     ) -> WatchStream:
         """A stream of (type, object) events; iterate it, `close()` it from any thread.
 
@@ -416,15 +383,14 @@ class KubeClient:
         yielded so the caller can track the resourceVersion. A silent stream longer than
         `watch_read_timeout` raises ApiError(0) (bookmarks arrive about once a minute).
         """
-        params: dict[str, Any] = {"watch": "true", "timeoutSeconds": timeout_seconds}
+        params: dict[str, Any] = {
+            "watch": "true",
+            "timeoutSeconds": timeout_seconds,
+            "allowWatchBookmarks": "true",
+            **_selectors(label_selector, field_selector),
+        }
         if resource_version:
             params["resourceVersion"] = resource_version
-        if bookmarks:
-            params["allowWatchBookmarks"] = "true"
-        if label_selector:
-            params["labelSelector"] = label_selector
-        if field_selector:
-            params["fieldSelector"] = field_selector
         return WatchStream(self, resource, namespace, params)
 
 
@@ -515,6 +481,21 @@ class WatchStream:
             if self._response is not None:
                 self._response.close()
             self._http.session.close()
+
+
+def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    """The query parameters of a LIST or WATCH for the given selectors."""
+    params = {"labelSelector": label_selector, "fieldSelector": field_selector}
+    return {name: value for name, value in params.items() if value}
+
+
+def _body_path(
+    resource: Resource, body: JSON, namespace: str | None, subresource: str | None
+) -> str:
+    """The path of the object `body` names (its own namespace unless one is given)."""
+    meta = body["metadata"]
+    ns = namespace if namespace is not None else meta.get("namespace")
+    return resource.path(ns, meta["name"]) + (f"/{subresource}" if subresource else "")
 
 
 def _api_error(resp: requests.Response, method: str, path: str) -> ApiError:

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.runtime.kube import KubeClient
@@ -37,41 +38,43 @@ def _now_micro() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(frozen=True)
+class LeaseSettings:
+    """Which Lease to hold, as whom, and client-go's LeaderElectionConfig durations."""
+
+    namespace: str
+    name: str
+    identity: str = field(default_factory=default_identity)
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.lease_duration > self.renew_deadline > 1.2 * self.retry_period:
+            raise ValueError("need lease_duration > renew_deadline > 1.2 * retry_period")
+
+
 class LeaderElector:
-    """Acquire, renew and release one Lease."""
+    """Acquire, renew and release (on stop) one Lease."""
 
     def __init__(
         self,
         client: KubeClient,
-        namespace: str,
-        name: str,
+        settings: LeaseSettings,
         *,
-        identity: str | None = None,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
         on_started_leading: Callable[[], None] = lambda: None,
         on_stopped_leading: Callable[[], None] = lambda: None,
-        release_on_cancel: bool = True,
     ) -> None:
-        if not lease_duration > renew_deadline > 1.2 * retry_period:
-            raise ValueError("need lease_duration > renew_deadline > 1.2 * retry_period")
         self.client = client
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity or default_identity()
-        self.lease_duration = lease_duration
-        self.renew_deadline = renew_deadline
-        self.retry_period = retry_period
+        self.settings = settings
         self.on_started_leading = on_started_leading
         self.on_stopped_leading = on_stopped_leading
-        self.release_on_cancel = release_on_cancel
         self._stop = threading.Event()
         self._leading = threading.Event()
         self._thread: threading.Thread | None = None
         self._observed: JSON | None = None  # the last Lease spec we saw
         self._observed_at = 0.0  # local monotonic time we saw it change
-        LEADER_STATUS.labels(name).set(0)
+        LEADER_STATUS.labels(settings.name).set(0)
 
     # -- public -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -82,8 +85,8 @@ class LeaderElector:
         """Stop campaigning/renewing and release the lease if we hold it."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(self.renew_deadline + self.retry_period)
-        if self.release_on_cancel and self._leading.is_set():
+            self._thread.join(self.settings.renew_deadline + self.settings.retry_period)
+        if self._leading.is_set():
             self._release()
         self._set_leading(False)
 
@@ -92,11 +95,13 @@ class LeaderElector:
         while not self._stop.is_set():
             if self._try_acquire_or_renew():
                 break
-            self._stop.wait(self.retry_period * (1 + 0.2 * random.random()))
+            self._stop.wait(self.settings.retry_period * (1 + 0.2 * random.random()))
         if self._stop.is_set():
             return
         self._set_leading(True)
-        log.info("became leader", extra={"lease": self.name, "identity": self.identity})
+        log.info(
+            "became leader", extra={"lease": self.settings.name, "identity": self.settings.identity}
+        )
         try:
             self.on_started_leading()
         except Exception:
@@ -105,12 +110,12 @@ class LeaderElector:
 
     def _renew_loop(self) -> None:
         last_renew = time.monotonic()
-        while not self._stop.wait(self.retry_period):
+        while not self._stop.wait(self.settings.retry_period):
             if self._try_acquire_or_renew():
                 last_renew = time.monotonic()
                 continue
-            if time.monotonic() - last_renew > self.renew_deadline:
-                log.error("leader election lost", extra={"lease": self.name})
+            if time.monotonic() - last_renew > self.settings.renew_deadline:
+                log.error("leader election lost", extra={"lease": self.settings.name})
                 self._set_leading(False)
                 self.on_stopped_leading()
                 return
@@ -120,55 +125,55 @@ class LeaderElector:
             self._leading.set()
         else:
             self._leading.clear()
-        LEADER_STATUS.labels(self.name).set(1 if leading else 0)
+        LEADER_STATUS.labels(self.settings.name).set(1 if leading else 0)
 
     # -- one attempt (client-go tryAcquireOrRenew) -----------------------------------------------
     def _try_acquire_or_renew(self) -> bool:
         now = _now_micro()
+        lease_name, namespace = self.settings.name, self.settings.namespace
         try:
-            lease = self.client.get_or_none(LEASES, self.name, self.namespace)
+            lease = self.client.get_or_none(LEASES, lease_name, namespace)
         except ApiError as err:
-            log.warning("cannot read lease", extra={"lease": self.name, "error": str(err)})
+            log.warning("cannot read lease", extra={"lease": lease_name, "error": str(err)})
             return False
         if lease is None:
-            body = {
+            lease = {
                 "apiVersion": LEASES.api_version,
                 "kind": LEASES.kind,
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": {"name": lease_name, "namespace": namespace},
                 "spec": self._spec(now, acquire_time=now, transitions=0),
             }
-            try:
-                created = self.client.create(LEASES, body, self.namespace)
-            except ApiError as err:
-                log.info("cannot create lease", extra={"lease": self.name, "error": str(err)})
-                return False
-            self._observe(created)
-            return True
+            return self._write("create", lease)
         spec = lease.get("spec") or {}
         self._observe(lease)
         holder = spec.get("holderIdentity") or ""
-        duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
-        held_by_other = bool(holder) and holder != self.identity
+        duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_duration)
+        held_by_other = bool(holder) and holder != self.settings.identity
         if held_by_other and self._observed_at + duration > time.monotonic():
             return False  # held by someone else and not expired by our own clock
         transitions = int(spec.get("leaseTransitions") or 0)
-        if holder == self.identity:
+        if holder == self.settings.identity:
             acquire_time = spec.get("acquireTime") or now
         else:
             acquire_time, transitions = now, transitions + 1
         lease["spec"] = self._spec(now, acquire_time=acquire_time, transitions=transitions)
+        return self._write("update", lease)
+
+    def _write(self, verb: str, lease: JSON) -> bool:
+        """Create or replace the Lease; a refusal (e.g. a 409 from a rival) is just a miss."""
+        write = self.client.create if verb == "create" else self.client.replace
         try:
-            updated = self.client.replace(LEASES, lease, self.namespace)
+            written = write(LEASES, lease, self.settings.namespace)
         except ApiError as err:
-            log.info("cannot update lease", extra={"lease": self.name, "error": str(err)})
+            log.info(f"cannot {verb} lease", extra={"lease": self.settings.name, "error": str(err)})
             return False
-        self._observe(updated)
+        self._observe(written)
         return True
 
     def _spec(self, now: str, *, acquire_time: str, transitions: int) -> JSON:
         return {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": round(self.lease_duration),
+            "holderIdentity": self.settings.identity,
+            "leaseDurationSeconds": round(self.settings.lease_duration),
             "acquireTime": acquire_time,
             "renewTime": now,
             "leaseTransitions": transitions,
@@ -183,11 +188,13 @@ class LeaderElector:
     def _release(self) -> None:
         """Hand the lease over at once: empty holder, 1 s duration (client-go ReleaseOnCancel)."""
         try:
-            lease = self.client.get(LEASES, self.name, self.namespace)
-            if (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            lease = self.client.get(LEASES, self.settings.name, self.settings.namespace)
+            if (lease.get("spec") or {}).get("holderIdentity") != self.settings.identity:
                 return
             lease["spec"].update(holderIdentity="", leaseDurationSeconds=1, renewTime=_now_micro())
-            self.client.replace(LEASES, lease, self.namespace)
-            log.info("released lease", extra={"lease": self.name})
+            self.client.replace(LEASES, lease, self.settings.namespace)
+            log.info("released lease", extra={"lease": self.settings.name})
         except ApiError as err:
-            log.warning("cannot release lease", extra={"lease": self.name, "error": str(err)})
+            log.warning(
+                "cannot release lease", extra={"lease": self.settings.name, "error": str(err)}
+            )

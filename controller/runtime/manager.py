@@ -20,20 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.runtime import metrics
 from controller.runtime.health import Check, CheckFailed, ProbeServer
-from controller.runtime.informer import FuncHandler, Informer, Transform
+from controller.runtime.informer import FuncHandler, Informer, Selection, Transform
 from controller.runtime.kube import KubeClient
-from controller.runtime.leader import LeaderElector
+from controller.runtime.leader import LeaderElector, LeaseSettings, default_identity
 from controller.runtime.logs import log_context
-from controller.runtime.metrics import (
-    ACTIVE_WORKERS,
-    MAX_CONCURRENT,
-    RECONCILE_ERRORS,
-    RECONCILE_PANICS,
-    RECONCILE_TIME,
-    RECONCILE_TOTAL,
-    TERMINAL_ERRORS,
-)
 from controller.runtime.ratelimit import default_controller_rate_limiter
 from controller.runtime.resources import ApiError, Resource
 from controller.runtime.store import ObjectKey, key_of
@@ -97,12 +89,12 @@ class Controller:
         self._threads: list[threading.Thread] = []
         self._started = False
         for result in ("success", "error", "requeue", "requeue_after"):
-            RECONCILE_TOTAL.labels(name, result)
-        RECONCILE_ERRORS.labels(name)
-        TERMINAL_ERRORS.labels(name)
-        RECONCILE_PANICS.labels(name)
-        MAX_CONCURRENT.labels(name).set(workers)
-        ACTIVE_WORKERS.labels(name).set(0)
+            metrics.RECONCILE_TOTAL.labels(name, result)
+        metrics.RECONCILE_ERRORS.labels(name)
+        metrics.TERMINAL_ERRORS.labels(name)
+        metrics.RECONCILE_PANICS.labels(name)
+        metrics.MAX_CONCURRENT.labels(name).set(workers)
+        metrics.ACTIVE_WORKERS.labels(name).set(0)
 
     # -- wiring ---------------------------------------------------------------------------------
     def for_(
@@ -200,7 +192,7 @@ class Controller:
                 self.queue.done(key)
 
     def _process(self, key: ObjectKey) -> None:
-        ACTIVE_WORKERS.labels(self.name).inc()
+        metrics.ACTIVE_WORKERS.labels(self.name).inc()
         started = time.monotonic()
         try:
             # A reconcile ID on every line of one reconcile, as controller-runtime logs it.
@@ -208,18 +200,18 @@ class Controller:
                 try:
                     result = self.reconcile(key) or Result()
                 except TerminalError as err:
-                    RECONCILE_TOTAL.labels(self.name, "error").inc()
-                    RECONCILE_ERRORS.labels(self.name).inc()
-                    TERMINAL_ERRORS.labels(self.name).inc()
+                    metrics.RECONCILE_TOTAL.labels(self.name, "error").inc()
+                    metrics.RECONCILE_ERRORS.labels(self.name).inc()
+                    metrics.TERMINAL_ERRORS.labels(self.name).inc()
                     log.error("reconcile failed permanently", extra={"error": str(err)})
                     self.queue.forget(key)
                     return
                 except Exception as err:
-                    RECONCILE_TOTAL.labels(self.name, "error").inc()
-                    RECONCILE_ERRORS.labels(self.name).inc()
+                    metrics.RECONCILE_TOTAL.labels(self.name, "error").inc()
+                    metrics.RECONCILE_ERRORS.labels(self.name).inc()
                     expected = isinstance(err, ApiError | ReconcileError)
                     if not expected:
-                        RECONCILE_PANICS.labels(self.name).inc()
+                        metrics.RECONCILE_PANICS.labels(self.name).inc()
                     log.log(
                         logging.WARNING if expected else logging.ERROR,
                         "reconcile failed, requeueing with backoff"
@@ -240,11 +232,11 @@ class Controller:
                 else:
                     outcome = "success"
                     self.queue.forget(key)
-                RECONCILE_TOTAL.labels(self.name, outcome).inc()
+                metrics.RECONCILE_TOTAL.labels(self.name, outcome).inc()
                 log.debug("reconcile done", extra={"result": outcome})  # controller-runtime's V(5)
         finally:
-            RECONCILE_TIME.labels(self.name).observe(time.monotonic() - started)
-            ACTIVE_WORKERS.labels(self.name).dec()
+            metrics.RECONCILE_TIME.labels(self.name).observe(time.monotonic() - started)
+            metrics.ACTIVE_WORKERS.labels(self.name).dec()
 
 
 @dataclass
@@ -282,7 +274,7 @@ class Manager:
     options: ManagerOptions = field(default_factory=ManagerOptions)
 
     def __post_init__(self) -> None:
-        self._informers: dict[tuple[Any, ...], Informer] = {}
+        self._informers: dict[Selection, Informer] = {}
         self._controllers: list[Controller] = []
         self._runnables: list[Runnable] = []
         self._started_runnables: list[Runnable] = []
@@ -309,22 +301,18 @@ class Manager:
     # -- registration ---------------------------------------------------------------------------
     def informer(
         self,
-        resource: Resource,
+        selection: Selection,
         *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
         transform: Transform | None = None,
         indexed_labels: tuple[str, ...] = (),
     ) -> Informer:
-        """The shared informer for this resource/namespace/selectors (created on first use).
+        """The shared informer for this selection (created on first use).
 
         Callers share one cache, so they must agree on its projection and indexes: asking again
         with another `transform` or `indexed_labels` is an error, not someone else's cache.
         """
-        key = (resource, namespace, label_selector, field_selector)
         with self._lock:
-            informer = self._informers.get(key)
+            informer = self._informers.get(selection)
             if informer is not None and (
                 informer.transform is not transform or informer.indexed_labels != indexed_labels
             ):
@@ -334,15 +322,9 @@ class Manager:
                 )
             if informer is None:
                 informer = Informer(
-                    self.client,
-                    resource,
-                    namespace=namespace,
-                    label_selector=label_selector,
-                    field_selector=field_selector,
-                    transform=transform,
-                    indexed_labels=indexed_labels,
+                    self.client, selection, transform=transform, indexed_labels=indexed_labels
                 )
-                self._informers[key] = informer
+                self._informers[selection] = informer
             return informer
 
     def add_controller(self, controller: Controller) -> None:
@@ -387,14 +369,17 @@ class Manager:
         self._start_runnables(leader_only=False)
         if self.options.leader_election:
             opts = self.options
-            self.elector = LeaderElector(
-                self.client.clone(timeout=opts.renew_deadline / 2, retry_attempts=1),
+            settings = LeaseSettings(
                 opts.namespace,
                 opts.leader_election_id,
-                identity=opts.identity,
+                identity=opts.identity or default_identity(),
                 lease_duration=opts.lease_duration,
                 renew_deadline=opts.renew_deadline,
                 retry_period=opts.retry_period,
+            )
+            self.elector = LeaderElector(
+                self.client.clone(timeout=opts.renew_deadline / 2, retry_attempts=1),
+                settings,
                 on_started_leading=self._start_leader_work,
                 on_stopped_leading=opts.on_lost_leadership or _exit_on_lost_leadership,
             )

@@ -80,6 +80,16 @@ class MonitoredNamespace:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Who sends the telemetry: stamped by the proxy on everything it forwards (when set)."""
+
+    cluster_name: str = ""
+    cluster_uid: str = ""
+    operator_version: str = "dev"
+    deployment_method: str = "Helm"
+
+
+@dataclass(frozen=True)
 class ProxySettings:
     """Everything in the configuration that does not come from the Lumigo resources."""
 
@@ -87,10 +97,7 @@ class ProxySettings:
     # Where logs go when elsewhere than traces: a full URL (https://host/v1/logs), or a bare host
     # like the chart's default `endpoint.otlp.logs_url`, which gets the OTLP path /v1/logs.
     upstream_logs_endpoint: str = ""
-    cluster_name: str = ""
-    cluster_uid: str = ""
-    operator_version: str = "dev"
-    deployment_method: str = "Helm"
+    origin: Origin = Origin()
     # Where the proxy's Lease lives (the proxy's own namespace) and its name.
     lease_namespace: str = "lumigo-system"
     lease_name: str = "lumigo-telemetry-proxy-k8s-objects"
@@ -268,11 +275,12 @@ def logs_url(endpoint: str) -> str:
 
 
 def _operator_attributes(s: ProxySettings) -> list[JSON]:
+    origin = s.origin
     values = {
-        "k8s.cluster.name": s.cluster_name,
-        "k8s.cluster.uid": s.cluster_uid,
-        "lumigo.k8s_operator.version": s.operator_version,
-        "lumigo.k8s_operator.deployment_method": s.deployment_method,
+        "k8s.cluster.name": origin.cluster_name,
+        "k8s.cluster.uid": origin.cluster_uid,
+        "lumigo.k8s_operator.version": origin.operator_version,
+        "lumigo.k8s_operator.deployment_method": origin.deployment_method,
     }
     return [
         {"key": key, "value": value, "action": "upsert"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -43,7 +43,8 @@ CONFIG_KEY = "config.yaml"
 # A Secret holds at most 1 MiB; keep room for metadata. About 1.5 KB per monitored namespace.
 MAX_CONFIG_BYTES = 1_000_000
 MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
-BASE_BACKOFF = 1.0  # seconds after a first failure, doubling up to `max_backoff`
+BASE_BACKOFF = 1.0  # seconds after a first failure, doubling up to MAX_BACKOFF
+MAX_BACKOFF = 60.0
 
 SYNCS = Counter(
     "lumigo_telemetry_proxy_config_syncs_total",
@@ -100,6 +101,7 @@ def _relevance(obj: JSON) -> tuple[Any, ...]:
     )
 
 
+@dataclass(eq=False)
 class TelemetryProxyReconciler:
     """Renders, stores and rolls out the proxy configuration; run it on the leader only.
 
@@ -107,28 +109,19 @@ class TelemetryProxyReconciler:
     Lumigo informer (controllers run on the leader only). `sync()` is one pass.
     """
 
-    def __init__(
-        self,
-        client: KubeClient,
-        lumigoes: Informer,
-        target: ProxyTarget,
-        settings: ProxySettings,
-        *,
-        resync_period: float = 60.0,
-        max_backoff: float = 60.0,
-    ) -> None:
-        self.client = client
-        self.lumigoes = lumigoes
-        self.target = target
-        self.settings = settings
-        self.resync_period = resync_period
-        self.max_backoff = max_backoff
-        # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
-        # and created again under the same name comes back with a new Lumigo, so a new entry.
-        self._namespace_uids: dict[str, str] = {}
-        self._cluster_uid: str | None = None
-        self._reported: dict[str, str] = {}  # namespace -> last logged reason it is left out
-        self._deployment_missing = False
+    client: KubeClient
+    lumigoes: Informer
+    target: ProxyTarget
+    settings: ProxySettings
+    _: KW_ONLY
+    resync_period: float = 60.0
+    # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
+    # and created again under the same name comes back with a new Lumigo, so a new entry.
+    _namespace_uids: dict[str, str] = field(default_factory=dict, init=False)
+    _cluster_uid: str | None = field(default=None, init=False)
+    # namespace -> last logged reason it is left out
+    _reported: dict[str, str] = field(default_factory=dict, init=False)
+    _deployment_missing: bool = field(default=False, init=False)
 
     # -- loop -----------------------------------------------------------------------------------
     def controller(self) -> Controller:
@@ -137,7 +130,7 @@ class TelemetryProxyReconciler:
         controller = single_key_controller(
             "telemetry-proxy",
             self.reconcile,
-            rate_limiter=ItemExponentialFailureRateLimiter(BASE_BACKOFF, self.max_backoff),
+            rate_limiter=ItemExponentialFailureRateLimiter(BASE_BACKOFF, MAX_BACKOFF),
         )
         controller.watches(self.lumigoes, to_key, predicate=_relevant_change)
         return controller
@@ -165,8 +158,9 @@ class TelemetryProxyReconciler:
             lease_namespace=t.namespace,
             lease_name=f"{t.deployment_name}-k8s-objects",
         )
-        if not settings.cluster_uid:
-            settings = replace(settings, cluster_uid=self._get_cluster_uid())
+        if not settings.origin.cluster_uid:
+            origin = replace(settings.origin, cluster_uid=self._get_cluster_uid())
+            settings = replace(settings, origin=origin)
         text = render(namespaces, settings)
         check_size(text, len(namespaces))
         digest = config_hash(text)

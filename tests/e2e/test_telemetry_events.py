@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SECRETS
 from controller.telemetry.config import MonitoredNamespace, render
@@ -124,7 +124,7 @@ def test_events_and_objects_collected_per_namespace_with_its_token(
         create_lumigo(kube, ns)
         kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
         set_active(kube, ns)
-    lumigoes = Informer(kube, LUMIGOES, label_selector=f"{RUN_LABEL}={run}")
+    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
     lumigoes.start()
     settings = local_settings(sink.url, namespace)
     target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
@@ -212,7 +212,7 @@ def test_a_hostile_token_never_reaches_the_shared_proxy_configuration(
         create_lumigo(kube, ns)
         kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
         set_active(kube, ns)
-    lumigoes = Informer(kube, LUMIGOES, label_selector=f"{RUN_LABEL}={run}")
+    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
     lumigoes.start()
     settings = local_settings(sink.url, namespace)
     target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, SECRETS, SERVICES, Resource
 from controller.telemetry.config import HEALTH_PORT, OTLP_HTTP_PORT, render
@@ -157,7 +157,7 @@ def test_operator_and_proxy_service_accounts_have_what_they_need(
     operator = KubeClient.from_kubeconfig(
         token_kubeconfig(cluster, kube, OPERATOR_SA, tmp_path / "operator.kubeconfig")
     )
-    lumigoes = Informer(operator, LUMIGOES, namespace=monitored)
+    lumigoes = Informer(operator, Selection(LUMIGOES, namespace=monitored))
     lumigoes.start()
     settings = local_settings(sink.url, SYSTEM)
     target = ProxyTarget.for_release(SYSTEM, FULLNAME)

@@ -18,7 +18,7 @@ import pytest
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
-from controller.telemetry.config import render
+from controller.telemetry.config import Origin, render
 from localcluster import LocalCluster, free_port, wait_until
 from tests.e2e.injector_helpers import (
     PROGRAMS,
@@ -124,7 +124,7 @@ def test_spans_reach_upstream_enriched_with_their_own_authorization(
 ) -> None:
     objects = app_pod_on_loopback(kube, namespace)
     cluster_uid = kube.get(NAMESPACES, "kube-system")["metadata"]["uid"]
-    settings = local_settings(sink.url, namespace, cluster_uid=cluster_uid)
+    settings = local_settings(sink.url, namespace, origin=Origin("local-test", cluster_uid))
     token_a, token_b = random_token(), random_token()
 
     try:
@@ -171,7 +171,9 @@ def test_injected_python_app_is_traced_through_the_proxy(
     tmp_path: Path,
 ) -> None:
     objects = app_pod_on_loopback(kube, namespace)
-    settings = local_settings(sink.url, namespace, cluster_uid="uid-of-kube-system")
+    settings = local_settings(
+        sink.url, namespace, origin=Origin("local-test", "uid-of-kube-system")
+    )
     token = random_token()
     python = flask_python(python_interpreters()["3.11"])
     env = {

@@ -8,7 +8,7 @@ and the tokens in it, when the Deployment goes.
 from __future__ import annotations
 
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, SECRETS
 from controller.telemetry.config import ProxySettings
@@ -39,7 +39,7 @@ def test_config_secret_is_garbage_collected_with_the_proxy(
         },
         namespace,
     )
-    lumigoes = Informer(kube, LUMIGOES, namespace=namespace)
+    lumigoes = Informer(kube, Selection(LUMIGOES, namespace=namespace))
     lumigoes.start()
     target = ProxyTarget(namespace, f"{PROXY}-config", PROXY)
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pykube
 import pytest
 
-from controller.runtime.informer import FuncHandler, Informer, metadata_projection
+from controller.runtime.informer import FuncHandler, Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS
 from controller.runtime.store import Store
@@ -75,7 +75,7 @@ def test_sees_every_create_update_delete(
 ) -> None:
     kube.create(CONFIGMAPS, cm("before"), namespace)
     recorder = Recorder()
-    informer = Informer(kube, CONFIGMAPS, namespace=namespace, indexed_labels=("tier",))
+    informer = Informer(kube, Selection(CONFIGMAPS, namespace=namespace), indexed_labels=("tier",))
     informer.add_handler(recorder.handler())
     start(informers, informer)
     assert recorder.saw("before", "add")
@@ -115,7 +115,7 @@ def test_projection_keeps_only_metadata(
     kube.create(CONFIGMAPS, cm("big", app="x"), namespace)
     informer = start(
         informers,
-        Informer(kube, CONFIGMAPS, namespace=namespace, transform=metadata_projection()),
+        Informer(kube, Selection(CONFIGMAPS, namespace=namespace), transform=metadata_projection()),
     )
     cached = informer.get(namespace, "big")
     assert cached is not None
@@ -133,7 +133,7 @@ def test_survives_an_api_server_restart(
 ) -> None:
     cluster, kube, namespace = disposable_cluster, disposable_kube, disposable_namespace
     recorder = Recorder()
-    informer = Informer(kube, CONFIGMAPS, namespace=namespace)
+    informer = Informer(kube, Selection(CONFIGMAPS, namespace=namespace))
     informer.add_handler(recorder.handler())
     start(informers, informer)
     kube.create(CONFIGMAPS, cm("one"), namespace)
@@ -162,7 +162,7 @@ def test_relists_after_410_and_emits_deletes_that_happened_while_away(
         for name in ("stays", "goes", "changes"):
             kube.create(CONFIGMAPS, cm(name), namespace)
         recorder = Recorder()
-        informer = Informer(via_proxy, CONFIGMAPS, namespace=namespace)
+        informer = Informer(via_proxy, Selection(CONFIGMAPS, namespace=namespace))
         informer.add_handler(recorder.handler())
         start(informers, informer)
         relists = informer.relists
@@ -193,7 +193,7 @@ def test_a_dead_informer_thread_is_reported_unhealthy(kube: KubeClient) -> None:
         def _run(self) -> None:
             return  # the thread ends although nobody stopped it: a fatal bug
 
-    broken = Broken(kube, CONFIGMAPS, namespace="default")
+    broken = Broken(kube, Selection(CONFIGMAPS, namespace="default"))
     assert not broken.healthy()  # never started
     broken.start()
     wait_until(lambda: not broken.healthy(), 10, "the dead thread to be noticed")
@@ -223,7 +223,7 @@ def test_a_handler_added_while_an_event_is_applied_hears_about_that_object(
     kube: KubeClient, namespace: str, informers: list[Informer]
 ) -> None:
     late = Recorder()
-    informer = Informer(kube, CONFIGMAPS, namespace=namespace)
+    informer = Informer(kube, Selection(CONFIGMAPS, namespace=namespace))
     informer.store = RacingStore("late", lambda: informer.add_handler(late.handler()))
     start(informers, informer)
     kube.create(CONFIGMAPS, cm("late"), namespace)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = """
 import signal, sys, threading
 from controller.runtime.kube import KubeClient
-from controller.runtime.leader import LeaderElector
+from controller.runtime.leader import LeaderElector, LeaseSettings
 from controller.runtime.logs import setup_logging
 
 setup_logging("warning")
@@ -36,8 +36,10 @@ def stopped():
 lease_duration = float(sys.argv[4])
 elector = LeaderElector(
     KubeClient.from_kubeconfig(sys.argv[1]).clone(timeout=2, retry_attempts=1),
-    sys.argv[2], "test-lease", identity=sys.argv[3],
-    lease_duration=lease_duration, renew_deadline=0.75 * lease_duration, retry_period=1,
+    LeaseSettings(
+        sys.argv[2], "test-lease", identity=sys.argv[3],
+        lease_duration=lease_duration, renew_deadline=0.75 * lease_duration, retry_period=1,
+    ),
     on_started_leading=lambda: print("LEADING", flush=True),
     on_stopped_leading=stopped,
 )

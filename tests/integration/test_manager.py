@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import JSONFormatter
 from controller.runtime.manager import (
@@ -86,7 +86,7 @@ def test_an_owned_replicaset_event_enqueues_its_deployment(
         return Result()
 
     replicasets = manager.informer(
-        REPLICASETS, namespace=namespace, transform=metadata_projection()
+        Selection(REPLICASETS, namespace=namespace), transform=metadata_projection()
     )
     manager.add_controller(Controller("deploy", reconcile).owns(replicasets, DEPLOYMENTS))
     managers.append(manager)
@@ -130,7 +130,7 @@ def test_errors_are_retried_with_growing_backoff_and_requeue_after_works(
             return Result(requeue_after=0.2)
         return Result()
 
-    cms = manager.informer(CONFIGMAPS, namespace=namespace)
+    cms = manager.informer(Selection(CONFIGMAPS, namespace=namespace))
     # Backoff of 0.2 s doubling: each retry of "flaky" waits at least twice the one before.
     limiter = ItemExponentialFailureRateLimiter(base_delay=0.2, max_delay=10)
     queue = RateLimitingQueue[ObjectKey](name="cm", rate_limiter=limiter)
@@ -160,7 +160,7 @@ def test_probes_and_metrics_names(
 ) -> None:
     manager = new_manager(kube, namespace, leader_election=True, lease_duration=4,
                           renew_deadline=3, retry_period=1)  # fmt: skip
-    cms = manager.informer(CONFIGMAPS, namespace=namespace)
+    cms = manager.informer(Selection(CONFIGMAPS, namespace=namespace))
     manager.add_controller(Controller("probe-test", lambda key: Result()).for_(cms))
     managers.append(manager)
     manager.start()
@@ -198,8 +198,8 @@ def test_probes_and_metrics_names(
         def _run(self) -> None:
             return
 
-    dead = Dead(kube, CONFIGMAPS, namespace="kube-system")
-    manager._informers[("dead",)] = dead
+    dead = Dead(kube, Selection(CONFIGMAPS, namespace="kube-system"))
+    manager._informers[dead.selection] = dead
     dead.start()
     wait_until(lambda: get(f"{probes}/healthz")[0] == 500, 10, "/healthz to fail")
     code, text = get(f"{probes}/healthz?verbose")
@@ -211,16 +211,14 @@ def test_a_second_informer_with_another_projection_or_index_is_refused(
     kube: KubeClient, namespace: str
 ) -> None:
     manager = new_manager(kube, namespace, leader_election=False)
-    projection = metadata_projection()
-    shared = manager.informer(CONFIGMAPS, namespace=namespace, transform=projection)
-    assert manager.informer(CONFIGMAPS, namespace=namespace, transform=projection) is shared
+    projection, cms = metadata_projection(), Selection(CONFIGMAPS, namespace=namespace)
+    shared = manager.informer(cms, transform=projection)
+    assert manager.informer(cms, transform=projection) is shared
     with pytest.raises(ValueError, match="another transform or other indexed labels"):
-        manager.informer(CONFIGMAPS, namespace=namespace)  # would get projections, not objects
+        manager.informer(cms)  # would get projections, not objects
     with pytest.raises(ValueError, match="another transform or other indexed labels"):
-        manager.informer(
-            CONFIGMAPS, namespace=namespace, transform=projection, indexed_labels=("tier",)
-        )
-    assert manager.informer(CONFIGMAPS, namespace="other") is not shared  # another cache
+        manager.informer(cms, transform=projection, indexed_labels=("tier",))
+    assert manager.informer(Selection(CONFIGMAPS, namespace="other")) is not shared  # another cache
 
 
 class Lifecycle:
@@ -303,7 +301,7 @@ def test_unexpected_exceptions_are_panics_and_every_line_of_a_reconcile_has_its_
             raise ReconcileError("not yet")
         return Result()
 
-    cms = manager.informer(CONFIGMAPS, namespace=namespace)
+    cms = manager.informer(Selection(CONFIGMAPS, namespace=namespace))
     manager.add_controller(Controller("panics", reconcile).for_(cms))
     managers.append(manager)
     manager.start()
@@ -350,7 +348,7 @@ def test_runnables_and_controllers_report_their_health(
             raise SystemExit  # not an Exception: it ends the worker thread
         return Result()
 
-    cms = manager.informer(CONFIGMAPS, namespace=namespace)
+    cms = manager.informer(Selection(CONFIGMAPS, namespace=namespace))
     manager.add_controller(Controller("fragile", reconcile).for_(cms))
     managers.append(manager)
     manager.start()

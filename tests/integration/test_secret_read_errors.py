@@ -21,12 +21,12 @@ from api import constants
 from controller.lumigo.instrumentation import Instrumenter
 from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer, metadata_projection
+from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, ReconcileError
 from controller.runtime.resources import DEPLOYMENTS, SECRETS, ApiError
 from controller.runtime.store import ObjectKey
-from controller.telemetry.config import ProxySettings
+from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
@@ -92,11 +92,10 @@ def _secret_read_status(client: KubeClient, namespace: str) -> int:
 
 @pytest.fixture
 def informers(kube: KubeClient, namespace: str, crd: object) -> Iterator[tuple[Informer, Informer]]:
-    lumigoes = Informer(kube, LUMIGOES, namespace=namespace)
+    lumigoes = Informer(kube, Selection(LUMIGOES, namespace=namespace))
     deployments = Informer(
         kube,
-        DEPLOYMENTS,
-        namespace=namespace,
+        Selection(DEPLOYMENTS, namespace=namespace),
         transform=metadata_projection(),
         indexed_labels=(constants.LABEL_AUTO_TRACE,),
     )
@@ -201,7 +200,7 @@ def test_a_forbidden_secret_read_keeps_the_proxy_configuration(
         "the active Lumigo cached",
     )
     target = ProxyTarget(namespace, "proxy-config", "proxy")
-    settings = ProxySettings(cluster_name="it", cluster_uid="test")
+    settings = ProxySettings(origin=Origin(cluster_name="it", cluster_uid="test"))
     assert TelemetryProxyReconciler(kube, lumigoes, target, settings).sync() is True
     stored = kube.get(SECRETS, target.secret_name, namespace)
 

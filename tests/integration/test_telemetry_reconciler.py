@@ -18,10 +18,10 @@ import yaml
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
-from controller.telemetry.config import ProxySettings
+from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.reconciler import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
@@ -51,7 +51,7 @@ def monitored(cluster: LocalCluster, crd: object) -> Iterator[str]:
 @pytest.fixture
 def informer(kube: KubeClient, monitored: str) -> Iterator[Informer]:
     """Lumigoes of the monitored namespace only, so other tests' objects cannot interfere."""
-    lumigoes = Informer(kube, LUMIGOES, namespace=monitored)
+    lumigoes = Informer(kube, Selection(LUMIGOES, namespace=monitored))
     lumigoes.start()
     try:
         assert lumigoes.wait_for_sync(30)
@@ -87,7 +87,7 @@ def make(kube: KubeClient, informer: Informer, namespace: str) -> TelemetryProxy
         kube,
         informer,
         ProxyTarget(namespace, PROXY_SECRET, PROXY),
-        ProxySettings(cluster_name="it"),
+        ProxySettings(origin=Origin(cluster_name="it")),
         resync_period=1.0,
     )
 

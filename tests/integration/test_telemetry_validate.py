@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
+from controller.telemetry.config import MonitoredNamespace, Origin, ProxySettings, render
 from tests.support.otel import COLLECTOR
 
 
@@ -19,7 +19,7 @@ def test_rendered_config_passes_collector_validate(
     namespaces = [MonitoredNamespace(f"team-{i}", f"uid-{i}", f"t_{i:021x}") for i in range(count)]
     config = tmp_path / "config.yaml"
     settings = ProxySettings(
-        cluster_name=cluster_name,
+        origin=Origin(cluster_name=cluster_name),
         upstream_logs_endpoint="https://logs.example.com/v1/logs" if cluster_name else "",
     )
     config.write_text(render(namespaces, settings))

@@ -12,7 +12,7 @@ from typing import Any
 from cryptography import x509
 from prometheus_client import REGISTRY
 
-from controller.runtime.informer import FuncHandler, Informer
+from controller.runtime.informer import FuncHandler, Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
@@ -25,7 +25,7 @@ from tests.support.webhook_cluster import (
     unique_name,
 )
 from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter
+from webhook.admission.cert_manager import CertWriter, ManagedCert
 
 URL = "https://127.0.0.1:1/v1alpha1/inject"  # never called: these tests only look at certificates
 
@@ -108,7 +108,10 @@ def test_concurrent_writers_settle_on_one_state(kube: KubeClient, namespace: str
     """Two leaders for a moment (a handover): 409s make one of them re-read, never clobber."""
     name = unique_name("certs-race")
     with registered(kube, mutating_configuration(name, namespace, URL)):
-        writers = [CertWriter(kube, policy(namespace), SECRET, mutating=[name]) for _ in range(2)]
+        writers = [
+            CertWriter(kube, ManagedCert(policy(namespace), SECRET, mutating=[name]))
+            for _ in range(2)
+        ]
         errors: list[BaseException] = []
 
         def run(writer: CertWriter) -> None:
@@ -160,8 +163,12 @@ def test_forced_ca_rotation_is_staged_on_the_cluster(kube: KubeClient, namespace
             bundles.append((revision(obj), certs.parse_bundle(bundle)))
 
     watchers = [
-        Informer(kube, SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}"),
-        Informer(kube, MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={name}"),
+        Informer(
+            kube, Selection(SECRETS, namespace=namespace, field_selector=f"metadata.name={SECRET}")
+        ),
+        Informer(
+            kube, Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={name}")
+        ),
     ]
     for watcher, record in zip(watchers, (record_secret, record_config), strict=True):
         watcher.add_handler(FuncHandler(add=record, update=lambda _old, new, r=record: r(new)))

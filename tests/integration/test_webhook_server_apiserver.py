@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.events import EventRecorder
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, ApiError, Resource
 from localcluster import wait_until
@@ -229,7 +229,7 @@ class Operator:
 def operator(kube: KubeClient, namespace: str, crd: Any) -> Iterator[Operator]:
     """Our server with the real inject and mutate handlers, a Lumigo informer, a real event
     recorder, self-mode certificates and both webhooks registered for the test namespace."""
-    lumigoes = Informer(kube, LUMIGOES)
+    lumigoes = Informer(kube, Selection(LUMIGOES))
     lumigoes.start()
     recorder = EventRecorder(kube)
     recorder.start()

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from controller.telemetry.config import ProxySettings
+from controller.telemetry.config import Origin, ProxySettings
 from localcluster import Process, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def local_settings(upstream: str, lease_namespace: str, **overrides: Any) -> Pro
         "metrics_port": free_port(),
         "lease_namespace": lease_namespace,
         "lease_name": "telemetry-proxy-k8s-objects",
-        "cluster_name": "local-test",
+        "origin": Origin(cluster_name="local-test"),
     }
     values.update(overrides)
     return ProxySettings(**values)

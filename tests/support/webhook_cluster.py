@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from controller.operator import cert_writer_controller
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from localcluster import wait_until
 from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter, SelfSignedCerts
+from webhook.admission.cert_manager import CertWriter, ManagedCert, SelfSignedCerts
 from webhook.admission.readiness import NotReady
 from webhook.admission.tls import ServingTLS
 
@@ -146,13 +146,20 @@ class CertStack:
         self.policy = policy
         self.secret = secret
         self.tls = tls or ServingTLS()
-        self.writer = CertWriter(kube, policy, secret, mutating=mutating)
-        self.replica = SelfSignedCerts(self.tls, policy, secret, mutating=mutating, kube=kube)
+        cert = ManagedCert(policy, secret, mutating=mutating)
+        self.writer = CertWriter(kube, cert)
+        self.replica = SelfSignedCerts(self.tls, cert, kube=kube)
         self.secrets = Informer(
-            kube, SECRETS, namespace=policy.namespace, field_selector=f"metadata.name={secret}"
+            kube,
+            Selection(
+                SECRETS, namespace=policy.namespace, field_selector=f"metadata.name={secret}"
+            ),
         )
         self.configs = [
-            Informer(kube, MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
+            Informer(
+                kube,
+                Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}"),
+            )
             for n in mutating
         ]
         self._informers = [self.secrets, *self.configs]

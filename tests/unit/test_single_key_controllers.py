@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
 from controller.operator import cert_writer_controller
-from controller.runtime.informer import Informer
+from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Result
 from controller.runtime.singlekey import KEY
@@ -22,7 +22,7 @@ from controller.telemetry.config import ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import wait_until
 from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter
+from webhook.admission.cert_manager import CertWriter, ManagedCert
 
 DEAD = "https://127.0.0.1:1"
 
@@ -46,7 +46,7 @@ def test_the_cert_writer_backs_off_while_the_api_server_fails() -> None:
         ca_lookahead=dt.timedelta(days=30),
         serving_lookahead=dt.timedelta(days=7),
     )
-    writer = CertWriter(dead_client(), policy, "hook-certs", mutating=["hook"])
+    writer = CertWriter(dead_client(), ManagedCert(policy, "hook-certs", mutating=["hook"]))
     controller = cert_writer_controller(writer)
     before = errors(controller.name)
     controller.start()  # the key is already queued: a first pass runs at once
@@ -66,7 +66,7 @@ def test_the_cert_writer_backs_off_while_the_api_server_fails() -> None:
 
 def test_the_proxy_waits_for_the_lumigo_cache_and_then_resyncs() -> None:
     client = dead_client()
-    lumigoes = Informer(client, LUMIGOES)  # never started: never synced
+    lumigoes = Informer(client, Selection(LUMIGOES))  # never started: never synced
     reconciler = TelemetryProxyReconciler(
         client, lumigoes, ProxyTarget("ops", "proxy-config", "proxy"), ProxySettings()
     )

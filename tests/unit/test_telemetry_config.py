@@ -10,6 +10,7 @@ import yaml
 from controller.telemetry.config import (
     COLLECTED_OBJECTS,
     MonitoredNamespace,
+    Origin,
     ProxySettings,
     build,
     render,
@@ -93,7 +94,7 @@ def test_logs_can_go_to_their_own_endpoint() -> None:
 
 
 def test_output_is_deterministic_whatever_the_input_order() -> None:
-    settings = ProxySettings(cluster_name="prod", cluster_uid="abc")
+    settings = ProxySettings(origin=Origin(cluster_name="prod", cluster_uid="abc"))
     a = render([ns("b"), ns("a"), ns("c")], settings)
     b = render([ns("c"), ns("b"), ns("a")], settings)
     assert a == b
@@ -107,9 +108,9 @@ def test_a_namespace_listed_twice_keeps_the_first_token() -> None:
 
 
 def test_operator_attributes_skip_unknown_values() -> None:
-    attrs = build([], ProxySettings(cluster_name="", cluster_uid="u1"))["processors"][
-        "resource/lumigo"
-    ]["attributes"]
+    attrs = build([], ProxySettings(origin=Origin(cluster_name="", cluster_uid="u1")))[
+        "processors"
+    ]["resource/lumigo"]["attributes"]
     keys = [a["key"] for a in attrs]
     assert "k8s.cluster.name" not in keys
     assert {"k8s.cluster.uid", "lumigo.k8s_operator.version"} <= set(keys)
@@ -130,7 +131,7 @@ def test_no_user_value_is_ever_expanded_by_the_collector() -> None:
     cluster name holding `${env:…}`/`${file:…}` can neither read the proxy's environment or files
     nor, with an unknown scheme, stop the configuration shared by every namespace from loading."""
     hostile = "t_0123456789abcdef01234${env:HOME}"
-    settings = ProxySettings(cluster_name="prod-${file:/etc/passwd}")
+    settings = ProxySettings(origin=Origin(cluster_name="prod-${file:/etc/passwd}"))
     text = render([ns("evil", hostile), ns("good", TOKEN_B)], settings)
     assert "${" not in text.replace("$${", "")
     config = yaml.safe_load(text)

@@ -8,7 +8,7 @@ import datetime as dt
 from typing import Any
 
 from webhook.admission import certs
-from webhook.admission.cert_manager import SelfSignedCerts
+from webhook.admission.cert_manager import ManagedCert, SelfSignedCerts
 from webhook.admission.tls import ServingTLS
 
 NAMESPACE = "lumigo-system"
@@ -33,7 +33,7 @@ def config(*trusted: certs.CertState) -> dict[str, Any]:
 
 
 def replica() -> SelfSignedCerts:
-    return SelfSignedCerts(ServingTLS(), POLICY, SECRET, mutating=[CONFIG])
+    return SelfSignedCerts(ServingTLS(), ManagedCert(POLICY, SECRET, mutating=[CONFIG]))
 
 
 def served(certs_: SelfSignedCerts) -> Any:

@@ -23,8 +23,9 @@ tls.crt/tls.key from the mounted directory, polls them for changes, and never wr
 
 Wiring (what the manager does):
     tls = ServingTLS()
-    certs = SelfSignedCerts(tls, policy, secret, mutating=[...])        # every replica
-    writer = CertWriter(kube, policy, secret, mutating=[...])           # leader only
+    cert = ManagedCert(policy, secret, mutating=[...])
+    certs = SelfSignedCerts(tls, cert)                  # every replica
+    writer = CertWriter(kube, cert)                     # leader only
     for informer in (secrets_in_own_namespace, mutating_configs, validating_configs):
         informer.add_handler(certs); informer.add_handler(writer)
     manager.add_controller(cert_writer_controller(writer))    # controller.operator
@@ -42,6 +43,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from cryptography import x509
@@ -70,14 +72,6 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def _configs(
-    mutating: Sequence[str], validating: Sequence[str]
-) -> tuple[tuple[Resource, str], ...]:
-    return tuple((MUTATING_WEBHOOK_CONFIGURATIONS, n) for n in mutating) + tuple(
-        (VALIDATING_WEBHOOK_CONFIGURATIONS, n) for n in validating
-    )
 
 
 def _identity(obj: JSON) -> tuple[str, str, str]:
@@ -112,17 +106,31 @@ def _not_after(cert: x509.Certificate) -> str:
     return cert.not_valid_after_utc.isoformat()
 
 
-class _Watched:
-    """Tells whether an event is about our Secret or one of our webhook configurations."""
+@dataclass(frozen=True)
+class ManagedCert:
+    """One webhook certificate: how it is made (`policy`), where it is kept (a Secret in the
+    policy's namespace) and who must trust it (the webhook configurations whose caBundle we own).
+    """
 
-    def __init__(
-        self, namespace: str, secret: str, mutating: Sequence[str], validating: Sequence[str]
-    ) -> None:
-        self._ours = {("Secret", namespace, secret)} | {
-            (resource.kind, "", name) for resource, name in _configs(mutating, validating)
-        }
+    policy: certs.CertPolicy
+    secret_name: str
+    mutating: Sequence[str] = ()
+    validating: Sequence[str] = ()
 
-    def __call__(self, obj: JSON) -> bool:
+    @cached_property
+    def configs(self) -> tuple[tuple[Resource, str], ...]:
+        """The webhook configurations, as (resource, name)."""
+        return tuple((MUTATING_WEBHOOK_CONFIGURATIONS, n) for n in self.mutating) + tuple(
+            (VALIDATING_WEBHOOK_CONFIGURATIONS, n) for n in self.validating
+        )
+
+    @cached_property
+    def _ours(self) -> frozenset[tuple[str, str, str]]:
+        secret = ("Secret", self.policy.namespace, self.secret_name)
+        return frozenset({secret} | {(r.kind, "", name) for r, name in self.configs})
+
+    def is_ours(self, obj: JSON) -> bool:
+        """Whether an event is about our Secret or one of our webhook configurations."""
         return _identity(obj) in self._ours
 
 
@@ -130,21 +138,10 @@ class CertWriter:
     """Leader-only: keeps the certificate Secret and the webhook configurations' caBundle right."""
 
     def __init__(
-        self,
-        kube: KubeAPI,
-        policy: certs.CertPolicy,
-        secret_name: str,
-        *,
-        mutating: Sequence[str] = (),
-        validating: Sequence[str] = (),
-        resync: float = 3600.0,
-        clock: Clock = utcnow,
+        self, kube: KubeAPI, cert: ManagedCert, *, resync: float = 3600.0, clock: Clock = utcnow
     ) -> None:
         self.kube = kube
-        self.policy = policy
-        self.secret_name = secret_name
-        self._configs = _configs(mutating, validating)
-        self._is_ours = _Watched(policy.namespace, secret_name, mutating, validating)
+        self.cert = cert
         self._resync = resync
         self._clock = clock
         # Asks the loop for a pass; set by whoever runs `sync` (the controller's wiring).
@@ -158,7 +155,7 @@ class CertWriter:
 
     # -- events (EventHandler) ----------------------------------------------------------------
     def on_add(self, obj: JSON) -> None:
-        if not self._is_ours(obj):
+        if not self.cert.is_ours(obj):
             return
         if obj.get("kind") == "Secret":
             with contextlib.suppress(certs.CorruptSecret):
@@ -169,7 +166,7 @@ class CertWriter:
         self.on_add(new)
 
     def on_delete(self, obj: JSON) -> None:
-        if self._is_ours(obj):
+        if self.cert.is_ours(obj):
             self.trigger()
 
     def trigger(self) -> None:
@@ -201,9 +198,9 @@ class CertWriter:
     def _pass(self) -> dt.datetime | None:
         """One read-decide-write step. None: something was written (or lost a race), look again."""
         now = self._clock()
-        ns = self.policy.namespace
-        secret = self.kube.get_or_none(SECRETS, self.secret_name, ns)
-        configs = [(r, n, self.kube.get_or_none(r, n)) for r, n in self._configs]
+        ns = self.cert.policy.namespace
+        secret = self.kube.get_or_none(SECRETS, self.cert.secret_name, ns)
+        configs = [(r, n, self.kube.get_or_none(r, n)) for r, n in self.cert.configs]
         try:
             if secret is None:
                 raise certs.CorruptSecret("it does not exist")
@@ -223,7 +220,7 @@ class CertWriter:
         if published_at is None and everywhere:
             published_at, newly_published = now, True
         rotate = self._rotate_ca.is_set()
-        plan = certs.plan(current, published_at, self.policy, now, rotate_ca=rotate)
+        plan = certs.plan(current, published_at, self.cert.policy, now, rotate_ca=rotate)
         if plan.changes or newly_published:
             same_bundle = plan.state.bundle_id == current.bundle_id
             if not self._write_secret(secret, plan.state, published_at if same_bundle else None):
@@ -257,12 +254,12 @@ class CertWriter:
         """Rebuild a deleted or unusable Secret so that what is served stays trusted."""
         trusted = _trusted_by_all(obj for _, _, obj in configs if obj is not None)
         salvaged = certs.salvage((secret or {}).get("data"))
-        plan = certs.recover(salvaged, self._last_good, trusted, self.policy, now)
+        plan = certs.recover(salvaged, self._last_good, trusted, self.cert.policy, now)
         if plan.changes != ("bootstrap",):
             log.warning(
                 "the webhook certificate Secret is unusable; rebuilding it without a CA cutover",
                 extra={
-                    "secret": f"{self.policy.namespace}/{self.secret_name}",
+                    "secret": f"{self.cert.policy.namespace}/{self.cert.secret_name}",
                     "reason": problem,
                 },
             )
@@ -287,11 +284,15 @@ class CertWriter:
         self, secret: JSON | None, state: certs.CertState, published_at: dt.datetime | None
     ) -> bool:
         """PUT (or create) the Secret; False when another writer got there first."""
-        ns = self.policy.namespace
+        ns = self.cert.policy.namespace
         marker = certs.format_published(state.bundle_id, published_at) if published_at else None
         try:
             if secret is None:
-                metadata: JSON = {"name": self.secret_name, "namespace": ns, "labels": MANAGED_BY}
+                metadata: JSON = {
+                    "name": self.cert.secret_name,
+                    "namespace": ns,
+                    "labels": MANAGED_BY,
+                }
                 if marker:
                     metadata["annotations"] = {certs.PUBLISHED_ANNOTATION: marker}
                 body: JSON = {
@@ -356,19 +357,13 @@ class SelfSignedCerts:
     def __init__(
         self,
         tls: ServingTLS,
-        policy: certs.CertPolicy,
-        secret_name: str,
+        cert: ManagedCert,
         *,
-        mutating: Sequence[str] = (),
-        validating: Sequence[str] = (),
         kube: KubeAPI | None = None,
         clock: Clock = utcnow,
     ) -> None:
         self.tls = tls
-        self.policy = policy
-        self.secret_name = secret_name
-        self._configs = _configs(mutating, validating)
-        self._is_ours = _Watched(policy.namespace, secret_name, mutating, validating)
+        self.cert = cert
         self._kube = kube
         self._clock = clock
         self._lock = threading.Lock()
@@ -385,10 +380,12 @@ class SelfSignedCerts:
         if self._kube is None:
             return
         try:
-            secret = self._kube.get_or_none(SECRETS, self.secret_name, self.policy.namespace)
+            secret = self._kube.get_or_none(
+                SECRETS, self.cert.secret_name, self.cert.policy.namespace
+            )
             if secret is not None:
                 self.on_add(secret)
-            for resource, name in self._configs:
+            for resource, name in self.cert.configs:
                 config = self._kube.get_or_none(resource, name)
                 if config is not None:
                     self.on_add(config)
@@ -400,7 +397,7 @@ class SelfSignedCerts:
 
     # -- events (EventHandler) ----------------------------------------------------------------
     def on_add(self, obj: JSON) -> None:
-        if not self._is_ours(obj):
+        if not self.cert.is_ours(obj):
             return
         kind, _, name = _identity(obj)
         if kind == "Secret":
@@ -414,7 +411,7 @@ class SelfSignedCerts:
         self.on_add(new)
 
     def on_delete(self, obj: JSON) -> None:
-        if not self._is_ours(obj):
+        if not self.cert.is_ours(obj):
             return
         kind, _, name = _identity(obj)
         if kind == "Secret":
@@ -489,7 +486,7 @@ class SelfSignedCerts:
         trust with one they do not (nothing served, none seen, or bad PEM: no reason to wait)."""
         loaded = self.tls.loaded
         with self._lock:
-            seen = [self._seen.get((r.kind, n)) for r, n in self._configs]
+            seen = [self._seen.get((r.kind, n)) for r, n in self.cert.configs]
         configs = [c for c in seen if c is not None]
         if loaded is None or not configs:
             return False
@@ -501,8 +498,8 @@ class SelfSignedCerts:
             return False
         trusted, now = _trusted_by_all(configs), self._clock()
         return certs.trusted_for(
-            loaded.certificate, trusted, self.policy, now
-        ) and not certs.trusted_for(cert, trusted, self.policy, now)
+            loaded.certificate, trusted, self.cert.policy, now
+        ) and not certs.trusted_for(cert, trusted, self.cert.policy, now)
 
     # -- readiness ----------------------------------------------------------------------------
     def ready(self) -> None:
@@ -521,13 +518,13 @@ class SelfSignedCerts:
             raise NotReady(problem)
         try:
             certs.verify_serving(
-                loaded.certificate, bundle, self.policy.subject_alt_names, self._clock()
+                loaded.certificate, bundle, self.cert.policy.subject_alt_names, self._clock()
             )
         except VerificationError as err:
             raise NotReady(
                 f"the served certificate is not valid under the CA bundle: {err}"
             ) from None
-        for resource, name in self._configs:
+        for resource, name in self.cert.configs:
             config = seen.get((resource.kind, name))
             if config is None:
                 raise NotReady(f"{resource.kind} {name} not found")

@@ -175,24 +175,26 @@ def generate_ca(policy: CertPolicy, now: dt.datetime) -> KeyPair:
         .not_valid_before(now - policy.backdate)
         .not_valid_after(now + policy.ca_validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return KeyPair(cert, key)
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Digital signatures for both; a CA also signs certificates and CRLs."""
+    off = (
+        "content_commitment",
+        "key_encipherment",
+        "data_encipherment",
+        "key_agreement",
+        "encipher_only",
+        "decipher_only",
+    )
+    return x509.KeyUsage(
+        digital_signature=True, key_cert_sign=ca, crl_sign=ca, **dict.fromkeys(off, False)
+    )
 
 
 def issue_serving(ca: KeyPair, policy: CertPolicy, now: dt.datetime) -> KeyPair:
@@ -209,20 +211,7 @@ def issue_serving(ca: KeyPair, policy: CertPolicy, now: dt.datetime) -> KeyPair:
         .not_valid_before(now - policy.backdate)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.SubjectAlternativeName(list(policy.subject_alt_names)),

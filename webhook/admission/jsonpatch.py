@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import marshal
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 Operation = dict[str, Any]
@@ -194,37 +194,68 @@ def _apply_one(doc: Any, op: Any) -> Any:
     tokens = parse_pointer(path)
     if kind in ("add", "replace", "test") and "value" not in op:
         raise JsonPatchError(f"'{kind}' needs a 'value'")
-    if kind == "add":
-        return _add(doc, tokens, copy_json(op["value"]))
-    if kind == "remove":
-        _remove(doc, tokens)
+    apply = _OPERATIONS.get(kind) if isinstance(kind, str) else None
+    if apply is None:
+        raise JsonPatchError(f"unknown op {kind!r}")
+    return apply(doc, tokens, op)
+
+
+def _op_add(doc: Any, tokens: list[str], op: Operation) -> Any:
+    return _add(doc, tokens, copy_json(op["value"]))
+
+
+def _op_remove(doc: Any, tokens: list[str], op: Operation) -> Any:
+    _remove(doc, tokens)
+    return doc
+
+
+def _op_replace(doc: Any, tokens: list[str], op: Operation) -> Any:
+    _get(doc, tokens)  # must exist
+    if not tokens:
+        return copy_json(op["value"])
+    _remove(doc, tokens)
+    return _add(doc, tokens, copy_json(op["value"]))
+
+
+def _op_test(doc: Any, tokens: list[str], op: Operation) -> Any:
+    if not equal(_get(doc, tokens), op["value"]):
+        raise JsonPatchError("test failed: the value differs")
+    return doc
+
+
+def _op_copy(doc: Any, tokens: list[str], op: Operation) -> Any:
+    return _add(doc, tokens, copy_json(_get(doc, _from(op))))
+
+
+def _op_move(doc: Any, tokens: list[str], op: Operation) -> Any:
+    from_tokens = _from(op)
+    value = copy_json(_get(doc, from_tokens))
+    if tokens[: len(from_tokens)] == from_tokens and tokens != from_tokens:
+        raise JsonPatchError("cannot move a value into one of its own children")
+    if tokens == from_tokens:
         return doc
-    if kind == "replace":
-        _get(doc, tokens)  # must exist
-        if not tokens:
-            return copy_json(op["value"])
-        _remove(doc, tokens)
-        return _add(doc, tokens, copy_json(op["value"]))
-    if kind == "test":
-        if not equal(_get(doc, tokens), op["value"]):
-            raise JsonPatchError("test failed: the value differs")
-        return doc
-    if kind in ("move", "copy"):
-        source = op.get("from")
-        if not isinstance(source, str):
-            raise JsonPatchError(f"'{kind}' needs a 'from' string")
-        from_tokens = parse_pointer(source)
-        value = copy_json(_get(doc, from_tokens))
-        if kind == "move":
-            if tokens[: len(from_tokens)] == from_tokens and tokens != from_tokens:
-                raise JsonPatchError("cannot move a value into one of its own children")
-            if tokens == from_tokens:
-                return doc
-            if not from_tokens:
-                raise JsonPatchError("cannot move the whole document")
-            _remove(doc, from_tokens)
-        return _add(doc, tokens, value)
-    raise JsonPatchError(f"unknown op {kind!r}")
+    if not from_tokens:
+        raise JsonPatchError("cannot move the whole document")
+    _remove(doc, from_tokens)
+    return _add(doc, tokens, value)
+
+
+def _from(op: Operation) -> list[str]:
+    """The parsed 'from' pointer of a move or copy."""
+    source = op.get("from")
+    if not isinstance(source, str):
+        raise JsonPatchError(f"'{op['op']}' needs a 'from' string")
+    return parse_pointer(source)
+
+
+_OPERATIONS: dict[str, Callable[[Any, list[str], Operation], Any]] = {
+    "add": _op_add,
+    "remove": _op_remove,
+    "replace": _op_replace,
+    "test": _op_test,
+    "move": _op_move,
+    "copy": _op_copy,
+}
 
 
 def _get(doc: Any, tokens: list[str]) -> Any:

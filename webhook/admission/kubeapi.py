@@ -113,12 +113,7 @@ class KubeAPI(Protocol):
     ) -> JSON: ...
 
     def json_patch(
-        self,
-        resource: Resource,
-        name: str,
-        ops: list[JSON],
-        namespace: str | None = None,
-        subresource: str | None = None,
+        self, resource: Resource, name: str, ops: list[JSON], namespace: str | None = None
     ) -> JSON: ...
 
 

@@ -26,9 +26,12 @@ import json
 import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from webhook.admission.jsonpatch import Operation
+
+T = TypeVar("T")
+JSONObject = dict[str, Any] | None
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
@@ -218,6 +221,29 @@ def _request(request: dict[str, Any]) -> AdmissionRequest:
         raise BadRequest(
             f"request.operation must be one of {', '.join(OPERATIONS)}, got {quote(operation)}"
         )
+    kind = _kind(request)
+    obj, old = _objects(request, operation)
+    namespace, name, sub_resource = (
+        _optional(request, key, "", str, "a string") for key in ("namespace", "name", "subResource")
+    )
+    dry_run = _optional(request, "dryRun", False, bool, "a boolean")
+    user = request.get("userInfo")
+    username = user.get("username", "") if isinstance(user, Mapping) else ""
+    return AdmissionRequest(
+        uid=uid,
+        kind=kind,
+        operation=operation,
+        namespace=namespace,
+        name=name,
+        object=obj,
+        old_object=old,
+        dry_run=dry_run,
+        sub_resource=sub_resource,
+        username=username if isinstance(username, str) else "",
+    )
+
+
+def _kind(request: dict[str, Any]) -> GroupVersionKind:
     kind = request.get("kind")
     if not isinstance(kind, dict):
         raise BadRequest("request.kind is missing or not an object")
@@ -226,6 +252,11 @@ def _request(request: dict[str, Any]) -> AdmissionRequest:
         raise BadRequest("request.kind must have a string 'group' and a non-empty 'version'")
     if not isinstance(kind_name, str) or not kind_name:
         raise BadRequest("request.kind.kind is missing or not a non-empty string")
+    return GroupVersionKind(group, version, kind_name)
+
+
+def _objects(request: dict[str, Any], operation: str) -> tuple[JSONObject, JSONObject]:
+    """request.object and request.oldObject: objects, or null where the operation allows."""
     obj, old = request.get("object"), request.get("oldObject")
     if operation in ("CREATE", "UPDATE") and not isinstance(obj, dict):
         raise BadRequest(f"request.object must be a JSON object for {operation}")
@@ -233,30 +264,14 @@ def _request(request: dict[str, Any]) -> AdmissionRequest:
         raise BadRequest("request.object must be a JSON object or null")
     if old is not None and not isinstance(old, dict):
         raise BadRequest("request.oldObject must be a JSON object or null")
-    strings = {}
-    for key in ("namespace", "name", "subResource"):
-        value = request.get(key, "")
-        if value is None:
-            value = ""
-        if not isinstance(value, str):
-            raise BadRequest(f"request.{key} must be a string")
-        strings[key] = value
-    dry_run = request.get("dryRun", False)
-    if dry_run is None:
-        dry_run = False
-    if not isinstance(dry_run, bool):
-        raise BadRequest("request.dryRun must be a boolean")
-    user = request.get("userInfo")
-    username = user.get("username", "") if isinstance(user, Mapping) else ""
-    return AdmissionRequest(
-        uid=uid,
-        kind=GroupVersionKind(group, version, kind_name),
-        operation=operation,
-        namespace=strings["namespace"],
-        name=strings["name"],
-        object=obj,
-        old_object=old,
-        dry_run=dry_run,
-        sub_resource=strings["subResource"],
-        username=username if isinstance(username, str) else "",
-    )
+    return obj, old
+
+
+def _optional(request: dict[str, Any], key: str, default: T, kind: type[T], what: str) -> T:
+    """An optional field: absent or null is `default`, anything but a `kind` is refused."""
+    value = request.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, kind):
+        raise BadRequest(f"request.{key} must be {what}")
+    return value

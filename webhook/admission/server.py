@@ -782,7 +782,26 @@ def _parse_head(head: bytes, opts: ServerOptions) -> _Head:
     """Request line and headers, strictly: anything ambiguous is refused and the connection
     closed (two Content-Length headers, Transfer-Encoding, folded or malformed lines)."""
     lines = head.split(b"\r\n")
-    request_line = lines[0]
+    method, target, http10 = _parse_request_line(lines[0], opts)
+    if len(lines) - 1 > opts.max_headers:
+        raise _Refused(status_response(431, "Too many headers", close=True))
+    headers, lengths = _parse_headers(lines[1:])
+    if "transfer-encoding" in headers:
+        raise _Refused(status_response(411, "send the body with a Content-Length", close=True))
+    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    return _Head(
+        method=method,
+        target=target,
+        headers=headers,
+        content_length=_content_length(lengths, opts),
+        keep_alive="keep-alive" in tokens if http10 else "close" not in tokens,
+        http10=http10,
+        expects_continue=headers.get("expect", "").lower() == "100-continue",
+    )
+
+
+def _parse_request_line(request_line: bytes, opts: ServerOptions) -> tuple[str, str, bool]:
+    """Method, target and whether the version is HTTP/1.0 (only HTTP/1.x is served)."""
     if len(request_line) > opts.max_request_line:
         raise _Refused(status_response(414, "request line too long", close=True))
     parts = request_line.split(b" ")
@@ -798,11 +817,14 @@ def _parse_head(head: bytes, opts: ServerOptions) -> _Head:
                 505, f"Invalid HTTP version ({quote(version.decode('latin-1'))})", close=True
             )
         )
-    if len(lines) - 1 > opts.max_headers:
-        raise _Refused(status_response(431, "Too many headers", close=True))
+    return method.decode("ascii"), target.decode("latin-1"), matched.group(2) == b"0"
+
+
+def _parse_headers(lines: list[bytes]) -> tuple[dict[str, str], list[str]]:
+    """Headers by lower-case name (repeats joined with ", ") and every Content-Length given."""
     headers: dict[str, str] = {}
     lengths: list[str] = []
-    for line in lines[1:]:
+    for line in lines:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name) or b"\r" in value or b"\n" in value:
             raise _bad(f"Bad header line ({quote(line.decode('latin-1'))})")
@@ -811,37 +833,28 @@ def _parse_head(head: bytes, opts: ServerOptions) -> _Head:
         if key == "content-length":
             lengths.append(text)
         headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    if "transfer-encoding" in headers:
-        raise _Refused(status_response(411, "send the body with a Content-Length", close=True))
-    content_length: int | None = None
+    return headers, lengths
+
+
+def _content_length(lengths: list[str], opts: ServerOptions) -> int | None:
+    """The one Content-Length, within the body limit (None: no body announced)."""
     if len(lengths) > 1:
         raise _bad("the request has more than one Content-Length header")
-    if lengths:
-        raw = lengths[0]
-        if not _DIGITS.fullmatch(raw):
-            raise _bad(f"invalid Content-Length {quote(raw)}")
-        if len(raw) > 15 or int(raw) > opts.max_body_bytes:
-            shown = raw if len(raw) <= 15 else "more than 10^15"
-            raise _Refused(
-                status_response(
-                    413,
-                    f"the body ({shown} bytes) is larger than the {opts.max_body_bytes} "
-                    "bytes accepted",
-                    close=True,
-                )
+    if not lengths:
+        return None
+    raw = lengths[0]
+    if not _DIGITS.fullmatch(raw):
+        raise _bad(f"invalid Content-Length {quote(raw)}")
+    if len(raw) > 15 or int(raw) > opts.max_body_bytes:
+        shown = raw if len(raw) <= 15 else "more than 10^15"
+        raise _Refused(
+            status_response(
+                413,
+                f"the body ({shown} bytes) is larger than the {opts.max_body_bytes} bytes accepted",
+                close=True,
             )
-        content_length = int(raw)
-    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    http10 = matched.group(2) == b"0"
-    return _Head(
-        method=method.decode("ascii"),
-        target=target.decode("latin-1"),
-        headers=headers,
-        content_length=content_length,
-        keep_alive="keep-alive" in tokens if http10 else "close" not in tokens,
-        http10=http10,
-        expects_continue=headers.get("expect", "").lower() == "100-continue",
-    )
+        )
+    return int(raw)
 
 
 def _bad(message: str) -> _Refused:
