@@ -28,24 +28,26 @@ class InvalidSpecError(ValueError):
         )
 
 
-class StrictBoolean(fields.Boolean):
-    """Only JSON true/false: marshmallow's Boolean would silently accept "yes", 1 or "off"."""
+class _Strict(fields.Field[Any]):
+    """Only JSON values of `kind`, never coerced: marshmallow's Boolean would silently accept
+    "yes", 1 or "off", and its String a number."""
 
+    kind: ClassVar[type]
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, self.kind):
+            return value
+        raise self.make_error("invalid", input=value)
+
+
+class StrictBoolean(_Strict, fields.Boolean):
+    kind = bool
     default_error_messages = {"invalid": "must be a boolean (true or false), got {input!r}"}
 
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        raise self.make_error("invalid", input=value)
 
-
-class StrictString(fields.String):
+class StrictString(_Strict, fields.String):
+    kind = str
     default_error_messages = {"invalid": "must be a string, got {input!r}"}
-
-    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> str:
-        if isinstance(value, str):
-            return value
-        raise self.make_error("invalid", input=value)
 
 
 class _Base(Schema):
@@ -171,30 +173,28 @@ class InjectionSchema(_ModelSchema):
     )
 
 
-class TracingSchema(_ModelSchema):
-    model = Tracing
-
-    enabled = _flag(True, "Sets LUMIGO_ENABLE_TRACES in instrumented containers.")
-    injection = _nested(InjectionSchema, "How workloads are instrumented.")
-
-
-class LoggingSchema(_ModelSchema):
-    model = Logging
-
-    enabled = _flag(False, "Sets LUMIGO_ENABLE_LOGS in instrumented containers.")
+def _section(
+    model: type, enabled: bool, description: str, **sections: fields.Nested
+) -> type[_ModelSchema]:
+    """The schema of a spec section: its `enabled` switch, then its nested sections."""
+    attributes: dict[str, object] = {"model": model, "enabled": _flag(enabled, description)}
+    return type(f"{model.__name__}Schema", (_ModelSchema,), {**attributes, **sections})
 
 
-class KubeEventsSchema(_ModelSchema):
-    model = KubeEvents
-
-    enabled = _flag(True, "Collect Kubernetes events and object versions.")
-
-
-class InfrastructureSchema(_ModelSchema):
-    model = Infrastructure
-
-    enabled = _flag(True, "Collect infrastructure telemetry for this namespace.")
-    kubeEvents = _nested(KubeEventsSchema, "Kubernetes events and object versions collection.")
+TracingSchema = _section(
+    Tracing,
+    True,
+    "Sets LUMIGO_ENABLE_TRACES in instrumented containers.",
+    injection=_nested(InjectionSchema, "How workloads are instrumented."),
+)
+LoggingSchema = _section(Logging, False, "Sets LUMIGO_ENABLE_LOGS in instrumented containers.")
+KubeEventsSchema = _section(KubeEvents, True, "Collect Kubernetes events and object versions.")
+InfrastructureSchema = _section(
+    Infrastructure,
+    True,
+    "Collect infrastructure telemetry for this namespace.",
+    kubeEvents=_nested(KubeEventsSchema, "Kubernetes events and object versions collection."),
+)
 
 
 class LumigoSpecSchema(_ModelSchema):
