@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from api import constants
-from controller.lumigo.instrumentation import Instrumenter
+from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
@@ -73,11 +73,13 @@ def _split_sans(sans: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def _labels_changed(old: JSON | None, new: JSON) -> bool:
     """Workload events that matter to the Lumigo controller: creation, deletion, label changes
-    (instrumentation state lives in the `lumigo.auto-trace` label)."""
+    (instrumentation state lives in the `lumigo.auto-trace` label), and an opted-out workload's
+    pod template gaining or losing our instrumentation (the label stays `false`)."""
     if old is None:
         return True
     return bool(
         (old.get("metadata") or {}).get("labels") != (new.get("metadata") or {}).get("labels")
+        or old.get(OPTED_OUT_INSTRUMENTED) != new.get(OPTED_OUT_INSTRUMENTED)
     )
 
 
@@ -96,7 +98,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     workloads = {
         r.kind: manager.informer(
             Selection(r),
-            transform=metadata_projection(),
+            transform=metadata_projection(opted_out_state),
             indexed_labels=(constants.LABEL_AUTO_TRACE,),
         )
         for r in WORKLOADS

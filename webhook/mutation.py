@@ -8,7 +8,8 @@ Public interface:
     settings = InjectionSettings(operator_version="1.4.0", injector_image=..., ...)  # validated
     settings = settings.for_spec(load_spec(lumigo["spec"]))   # a namespace's token and flags
     injected = inject(workload, settings)   # a new dict; == workload when nothing had to change
-    cleaned  = remove(workload)             # a new dict; everything of ours gone
+    cleaned  = remove(workload)             # a new dict; everything of ours gone (a user's
+                                            # `lumigo.auto-trace=false` stays: it is theirs)
     is_instrumented(workload), pod_template_path(kind), is_deployment_owned(workload),
     skip_reason(workload), auto_trace_label(workload), validate(workload)
 
@@ -602,7 +603,9 @@ def _upsert(items: list[JSON], key: str, new: JSON) -> None:
 
 def remove(obj: Mapping[str, Any], kind: str | None = None) -> JSON:
     """A copy of the workload with our volume, init container, mounts and env removed (a user's
-    LD_PRELOAD restored) and, if anything was removed, the `lumigo.auto-trace` label dropped."""
+    LD_PRELOAD restored) and, if anything was removed, the `lumigo.auto-trace` label dropped —
+    unless it is the user's opt-out `false`, which is how an opted-out workload is cleaned and
+    stays opted out."""
     kind = _kind(obj, kind)
     validate(obj, kind)
     result: JSON = copy_json(obj)
@@ -689,6 +692,8 @@ def _drop_label(holder: JSON) -> None:
         return
     labels = meta.get("labels")
     if isinstance(labels, dict) and constants.LABEL_AUTO_TRACE in labels:
+        if is_opted_out(holder):
+            return  # the user's own opt-out, not our label
         del labels[constants.LABEL_AUTO_TRACE]
         if not labels:
             del meta["labels"]

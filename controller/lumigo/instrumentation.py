@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from api import constants
 from controller.runtime.kube import KubeClient
@@ -76,6 +76,33 @@ def is_labelled_instrumented(obj: JSON) -> bool:
     return mutation.auto_trace_label(obj) is not None and not mutation.is_opted_out(obj)
 
 
+# Key the workload caches add to the metadata projection of a workload labelled `false`: whether
+# its pod template still carries our instrumentation (the one case the label does not tell).
+OPTED_OUT_INSTRUMENTED: Final = "lumigoOptedOutInstrumented"
+
+
+def opted_out_state(obj: JSON) -> JSON:
+    """The projection extra (`metadata_projection(opted_out_state)`); computed for workloads
+    labelled `false` only, so the cost stays off every other workload event."""
+    if not mutation.is_opted_out(obj) or mutation.is_deployment_owned(obj):
+        return {}
+    try:
+        return {OPTED_OUT_INSTRUMENTED: mutation.is_instrumented(obj)}
+    except mutation.MutationError:
+        return {}
+
+
+def is_opted_out_but_instrumented(obj: JSON) -> bool:
+    """A cached workload labelled `false` whose pod template still has our instrumentation."""
+    return mutation.is_opted_out(obj) and obj.get(OPTED_OUT_INSTRUMENTED) is True
+
+
+def is_instrumented_now(obj: JSON) -> bool:
+    """What `status.instrumentedResources` lists: labelled as instrumented, or opted out while
+    the pod template still carries our instrumentation (e.g. a Job, or a removal that failed)."""
+    return is_labelled_instrumented(obj) or is_opted_out_but_instrumented(obj)
+
+
 @dataclass(eq=False)
 class Instrumenter:
     """Adds or removes the injection on workloads, `concurrency` at a time."""
@@ -125,6 +152,17 @@ class Instrumenter:
             self._drop_leftover_skip_label(target)
         return outcome
 
+    def remove_opted_out(self, target: Target, trigger: str) -> Outcome:
+        """Clean a workload the user labelled `false` (the label stays: they opted out)."""
+
+        def change(obj: JSON) -> JSON | None:
+            if not mutation.is_opted_out(obj):
+                return None  # the user changed their mind meanwhile
+            cleaned = mutation.remove(obj)
+            return None if jsonpatch.same(cleaned, obj) else cleaned
+
+        return self._write(target, change, "remove", trigger)
+
     def _drop_leftover_skip_label(self, target: Target) -> None:
         """Without a running webhook (failurePolicy Ignore) the handshake label stays: drop it,
         or later "inject existing" passes (which select unlabelled objects) would skip it.
@@ -158,6 +196,9 @@ class Instrumenter:
         self, targets: Iterable[Target], trigger: str, component: str | None = None
     ) -> list[Outcome]:
         return self._map(lambda t: self.uninstrument(t, trigger, component), targets)
+
+    def remove_opted_out_all(self, targets: Iterable[Target], trigger: str) -> list[Outcome]:
+        return self._map(lambda t: self.remove_opted_out(t, trigger), targets)
 
     def _map(self, fn: Callable[[Target], Outcome], targets: Iterable[Target]) -> list[Outcome]:
         items = list(targets)

@@ -5,6 +5,11 @@ the API server, and makes it so — so a crash at any point is repaired by the n
 
 - One Lumigo per namespace governs it (`api.effective`: the oldest, by creationTimestamp then
   name); the others get the reference's Error condition.
+- Opt-out: a workload labelled `lumigo.auto-trace=false` whose pod template still carries our
+  instrumentation (labelled while the webhook was down, or before this operator version) is
+  cleaned, label kept, with a LumigoRemovedInstrumentation event — whatever the spec says about
+  injection. Jobs cannot be changed and stay listed in the status, which lists what the pod
+  templates contain. Removing the label again makes the workload unlabelled, see below.
 - Instrumentation: every workload without a `lumigo.auto-trace` label in an active namespace is
   instrumented by the controller if `injectLumigoIntoExistingResourcesOnCreation` is set, or if it
   was created after the Lumigo became active (the webhook should have done it, but it was down:
@@ -36,8 +41,10 @@ from controller.lumigo import status as st
 from controller.lumigo.instrumentation import (
     InstrumentationIncomplete,
     Instrumenter,
+    Outcome,
     Target,
-    is_labelled_instrumented,
+    is_instrumented_now,
+    is_opted_out_but_instrumented,
     target_order,
 )
 from controller.lumigo.resources import LUMIGOES
@@ -86,8 +93,12 @@ class LumigoReconciler:
             return Result(requeue_after=self.error_requeue)
         assert spec is not None
         first_activation = not st.was_ever_activated(lumigo)
+        removals = self._remove_opted_out(lumigo)
         self._instrument_namespace(lumigo, spec, first_activation)
         self._write_status(lumigo, st.active_updates(None, ""), self._instrumented(key.namespace))
+        failed = [o for o in removals if o.error]
+        if failed:
+            raise InstrumentationIncomplete("remove instrumentation from", failed, len(removals))
         return Result(requeue_after=self.resync_period)
 
     # -- validation ----------------------------------------------------------------------------
@@ -167,6 +178,21 @@ class LumigoReconciler:
         if failed:
             raise InstrumentationIncomplete("instrument", failed, len(outcomes))
 
+    def _remove_opted_out(self, lumigo: JSON) -> list[Outcome]:
+        """Clean the workloads labelled `false` that still carry our instrumentation."""
+        namespace, name = lumigo["metadata"]["namespace"], lumigo["metadata"]["name"]
+        targets = [
+            Target.of(obj)
+            for kind, informer in self.workloads.items()
+            if kind != "Job"  # immutable pod template
+            for obj in informer.store.list(namespace, is_opted_out_but_instrumented)
+            if not (obj.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        if not targets:
+            return []
+        trigger = events.controller_trigger(namespace, name)
+        return self.instrumenter.remove_opted_out_all(sorted(targets, key=target_order), trigger)
+
     def _listed(self, namespace: str, targets: list[Target]) -> dict[Target, JSON]:
         """Full copies of many targets from one paginated LIST per kind instead of a GET each
         (the cache only keeps metadata). Not worth it for a few."""
@@ -182,12 +208,13 @@ class LumigoReconciler:
         return found
 
     def _instrumented(self, namespace: str) -> list[JSON]:
-        """Labelled workloads; Deployment-owned ReplicaSets inherit the label from the template
-        but are their Deployment's business (old revisions would pile up in the list)."""
+        """Labelled workloads, and opted-out ones still instrumented; Deployment-owned ReplicaSets
+        inherit the label from the template but are their Deployment's business (old revisions
+        would pile up in the list)."""
         refs = [
             st.instrumented_reference(obj)
             for informer in self.workloads.values()
-            for obj in informer.store.list(namespace, is_labelled_instrumented)
+            for obj in informer.store.list(namespace, is_instrumented_now)
             if not is_deployment_owned(obj)
         ]
         return st.sort_instrumented(refs)

@@ -18,6 +18,7 @@ from controller.runtime.resources import (
     DEPLOYMENTS,
     JOBS,
     MUTATING_WEBHOOK_CONFIGURATIONS,
+    NAMESPACES,
     PODS,
     REPLICASETS,
     STATEFULSETS,
@@ -314,3 +315,107 @@ def test_deleted_lumigo_rolls_pods_back(
     full_cluster.kubectl("delete", "lumigo", "lumigo", "-n", ns)
     wait_until(lambda: running(injected=False), 90, "the pod rolled back to un-injected")
     assert clean(kube.get(DEPLOYMENTS, "web", ns))
+
+
+# --- lumigo.auto-trace=false on an instrumented workload (issue 16, item 1) --------------------
+
+USER_LD_PRELOAD = {"name": "LD_PRELOAD", "value": "/usr/lib/libjemalloc.so.2"}
+
+
+def _opt_out_namespace(operator: OperatorProcess, kube: KubeClient) -> str:
+    """An Active namespace with a Deployment `web` (its own LD_PRELOAD) the webhook injected."""
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    kube.create(LUMIGOES, json.loads(lumigo_yaml()), ns)
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    body = workload(DEPLOYMENTS, "web")
+    body["spec"]["template"]["spec"]["containers"][0]["env"] = [USER_LD_PRELOAD]
+    assert instrumented(kube.create(DEPLOYMENTS, body, ns))
+    wait_until(lambda: listed(kube, ns) == ["web"], 30, "web listed as instrumented")
+    return ns
+
+
+def listed(kube: KubeClient, ns: str) -> list[str]:
+    return [r["name"] for r in status(kube, ns).get("instrumentedResources", [])]
+
+
+def set_auto_trace(kube: KubeClient, ns: str, value: str | None) -> JSON:
+    patch = {"metadata": {"labels": {constants.LABEL_AUTO_TRACE: value}}}
+    return kube.merge_patch(DEPLOYMENTS, "web", patch, ns)
+
+
+def user_env(obj: JSON) -> list[JSON]:
+    env: list[JSON] = obj["spec"]["template"]["spec"]["containers"][0].get("env", [])
+    return env
+
+
+def test_labelling_an_instrumented_workload_false_removes_it_through_the_webhook(
+    operator: OperatorProcess, kube: KubeClient
+) -> None:
+    ns = _opt_out_namespace(operator, kube)
+
+    stored = set_auto_trace(kube, ns, "false")  # the API server called the webhook on UPDATE
+
+    assert clean(stored)
+    assert stored["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == "false"
+    assert user_env(stored) == [USER_LD_PRELOAD]
+    assert "volumes" not in stored["spec"]["template"]["spec"]
+    wait_until(
+        lambda: has_event(kube, ns, "web", "LumigoRemovedInstrumentation",
+                          f"injector webhook, acting on behalf of the '{ns}/lumigo'"),
+        30, "the webhook's Removed event",
+    )  # fmt: skip
+    wait_until(lambda: listed(kube, ns) == [], 30, "web no longer listed")
+    assert not any(e["type"] == "Warning" for e in events_of(kube, ns, "web"))
+
+    stored = set_auto_trace(kube, ns, None)  # removing the label: instrumented again
+
+    assert instrumented(stored)
+    wait_until(lambda: listed(kube, ns) == ["web"], 30, "web listed again")
+
+
+def test_the_controller_removes_it_when_the_webhook_was_not_consulted(
+    operator: OperatorProcess, kube: KubeClient
+) -> None:
+    """Labelled `false` while the webhook did not see the update (down, or not selecting the
+    namespace): the controller cleans the workload; removing the label re-instruments it."""
+    ns = _opt_out_namespace(operator, kube)
+    unselect = {"metadata": {"labels": {operator.selector_label: None}}}
+    kube.merge_patch(NAMESPACES, ns, unselect)
+    try:
+        wait_until(lambda: not webhook_injects(kube, ns), 30, "the webhook no longer consulted")
+
+        stored = set_auto_trace(kube, ns, "false")
+        assert "lumigo-injector" in json.dumps(stored["spec"])  # the webhook did not act
+
+        wait_until(lambda: clean(kube.get(DEPLOYMENTS, "web", ns)), 60, "the controller cleans it")
+        stored = kube.get(DEPLOYMENTS, "web", ns)
+        assert stored["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == "false"
+        assert user_env(stored) == [USER_LD_PRELOAD]
+        wait_until(
+            lambda: has_event(kube, ns, "web", "LumigoRemovedInstrumentation",
+                              f"controller, acting on behalf of the '{ns}/lumigo'"),
+            30, "the controller's Removed event",
+        )  # fmt: skip
+        wait_until(lambda: listed(kube, ns) == [], 30, "web no longer listed")
+
+        set_auto_trace(kube, ns, None)
+
+        wait_until(lambda: instrumented(kube.get(DEPLOYMENTS, "web", ns)), 60, "re-instrumented")
+        wait_until(
+            lambda: has_event(kube, ns, "web", "LumigoAddedInstrumentation",
+                              f"controller, acting on behalf of the '{ns}/lumigo'"),
+            30, "the controller's Added event",
+        )  # fmt: skip
+        wait_until(lambda: listed(kube, ns) == ["web"], 30, "web listed again")
+    finally:
+        kube.merge_patch(
+            NAMESPACES, ns, {"metadata": {"labels": {operator.selector_label: "true"}}}
+        )
+
+
+def webhook_injects(kube: KubeClient, ns: str) -> bool:
+    """Whether a dry-run create in `ns` comes back injected (the API server calls the webhook)."""
+    body = workload(DEPLOYMENTS, "probe")
+    created = kube.request("POST", DEPLOYMENTS.path(ns), params={"dryRun": "All"}, body=body)
+    return "lumigo-injector" in json.dumps(created)

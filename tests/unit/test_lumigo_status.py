@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from api import constants
 from api.effective import is_active
 from api.lumigo import SecretRef
+from controller.lumigo.instrumentation import is_instrumented_now, opted_out_state
 from controller.lumigo.status import (
     ConditionUpdate,
     active_updates,
@@ -19,6 +21,10 @@ from controller.lumigo.status import (
     token_secret_problem,
     was_ever_activated,
 )
+from controller.runtime.informer import metadata_projection
+from webhook.mutation import InjectionSettings, inject, remove
+
+from .webhook_samples import simple_template, workload
 
 TOKEN = "t_123456789012345678901"
 PREFIX = "invalid Lumigo token secret reference: "
@@ -160,3 +166,16 @@ def test_only_an_exact_token_is_valid(value: str) -> None:
     assert problem is not None
     assert "does not match the expected structure of Lumigo tokens" in problem
     assert secret_token(secret(token=value), "token") is None
+
+
+def test_the_instrumented_list_follows_the_pod_templates_of_opted_out_workloads() -> None:
+    """What the workload caches keep of a workload labelled `false`: whether its template still
+    carries our instrumentation, so the status lists it until it is actually removed."""
+    project = metadata_projection(opted_out_state)
+    for kind in ("Deployment", "Job"):
+        injected = inject(workload(kind, simple_template()), InjectionSettings())
+        assert is_instrumented_now(project(injected))
+        assert opted_out_state(injected) == {}  # the label tells: nothing computed
+        injected["metadata"]["labels"][constants.LABEL_AUTO_TRACE] = "false"
+        assert is_instrumented_now(project(injected))
+        assert not is_instrumented_now(project(remove(injected)))

@@ -341,6 +341,89 @@ def test_fix_opting_out_is_not_a_warning() -> None:
     assert count("Deployment", "skipped", "opted-out") == before + 1
 
 
+# --- opting out of an instrumented workload ------------------------------------------------
+
+
+def opted_out(obj: JSON) -> JSON:
+    """`obj` as `kubectl label ... lumigo.auto-trace=false --overwrite` sends it."""
+    out: JSON = json.loads(json.dumps(obj))
+    out["metadata"]["labels"][constants.LABEL_AUTO_TRACE] = "false"
+    return out
+
+
+def test_labelling_an_instrumented_workload_false_removes_the_instrumentation() -> None:
+    world = World()
+    obj = workload("Deployment", simple_template())
+    env = [{"name": "LD_PRELOAD", "value": "/usr/lib/libjemalloc.so"}, {"name": "A", "value": "1"}]
+    template_of(obj)["spec"]["containers"][0]["env"] = env
+    injected = patched_object(obj, world.admit(obj))
+    world.recorder.events.clear()
+    before = count("Deployment", "removed", "opted-out")
+    update = opted_out(injected)
+    out = patched_object(update, world.admit(update, operation="UPDATE", old=injected))
+    assert out == opted_out(obj)  # everything of ours gone, the user's LD_PRELOAD restored
+    assert out["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == "false"
+    assert constants.LABEL_AUTO_TRACE not in (template_of(out).get("metadata") or {}).get(
+        "labels", {}
+    )
+    assert world.reasons == [("Normal", "LumigoRemovedInstrumentation")]
+    involved, _, _, message, component = world.recorder.events[0]
+    assert involved["metadata"] == {"name": "app", "namespace": "ns"}
+    assert message == f"Removing Lumigo instrumentation (trigger: {TRIGGER})"
+    assert component == COMPONENT
+    assert count("Deployment", "removed", "opted-out") == before + 1
+    # Opted out and clean: further updates change nothing and say nothing.
+    world.recorder.events.clear()
+    response = world.admit(out, operation="UPDATE", old=out)
+    assert "patch" not in response.review()["response"]
+    assert world.recorder.events == []
+
+
+def test_the_opt_out_removal_does_not_depend_on_the_lumigo() -> None:
+    """`false` is the user's word: our instrumentation goes even where we would not inject."""
+    obj = deployment(**{"lumigo.auto-trace": "true"})
+    injected = patched_object(obj, World([]).admit(obj))  # opted in by label, no Lumigo
+    for lumigoes in ([], [lumigo(spec={"tracing": {"injection": {"enabled": False}}})]):
+        world = World(lumigoes)
+        update = opted_out(injected)
+        out = patched_object(update, world.admit(update, operation="UPDATE"))
+        assert "initContainers" not in template_of(out)["spec"]
+        assert world.reasons == [("Normal", "LumigoRemovedInstrumentation")]
+
+
+def test_a_workload_created_opted_out_is_left_alone_even_if_instrumented() -> None:
+    world = World()
+    injected = patched_object(deployment(), world.admit(deployment()))
+    world.recorder.events.clear()
+    response = world.admit(opted_out(injected))  # CREATE
+    assert "patch" not in response.review()["response"]
+    assert world.recorder.events == []
+
+
+def test_an_opted_out_job_is_not_patched_on_update() -> None:
+    world = World()
+    job = workload("Job", simple_template())
+    injected = opted_out(patched_object(job, world.admit(job)))
+    world.recorder.events.clear()
+    response = world.admit(injected, operation="UPDATE", old=injected)
+    assert "patch" not in response.review()["response"]
+    assert world.recorder.events == []
+
+
+def test_removing_the_false_label_instruments_again() -> None:
+    world = World()
+    obj = deployment(**{"lumigo.auto-trace": "false"})
+    for label in (None, "true", "yes"):
+        update = json.loads(json.dumps(obj))
+        if label is None:
+            del update["metadata"]["labels"][constants.LABEL_AUTO_TRACE]
+        else:
+            update["metadata"]["labels"][constants.LABEL_AUTO_TRACE] = label
+        out = patched_object(update, world.admit(update, operation="UPDATE", old=obj))
+        assert template_of(out)["spec"]["initContainers"][0]["name"] == "lumigo-injector"
+        assert out["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == LABEL
+
+
 # --- never block a workload ----------------------------------------------------------------
 
 

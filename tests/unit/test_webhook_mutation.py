@@ -254,6 +254,18 @@ def test_removal_strips_everything_and_the_label() -> None:
     assert remove(obj) == obj
 
 
+def test_removal_keeps_the_users_opt_out_label() -> None:
+    """An instrumented workload labelled `false` is cleaned and stays opted out."""
+    obj = workload("Deployment", realistic_template())
+    injected = inject(obj, SETTINGS)
+    injected["metadata"]["labels"][constants.LABEL_AUTO_TRACE] = "False"
+    assert mutation.is_instrumented(injected)
+    cleaned = remove(injected)
+    assert cleaned == {**obj, "metadata": injected["metadata"]}
+    assert mutation.is_opted_out(cleaned)
+    assert not mutation.is_instrumented(cleaned)
+
+
 def test_removal_of_a_reference_injected_workload() -> None:
     """What the Go operator wrote (no resources, no seccomp, LD_PRELOAD overwritten) is removed."""
     obj = workload("Deployment", simple_template())
