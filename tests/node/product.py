@@ -243,7 +243,9 @@ def wait_defaulter(product: Product, namespace: str) -> None:
 
 def apply_readme(product: Product, namespace: str, token: str) -> None:
     """The README's Secret + Lumigo, then wait until the Lumigo is Active: only then does the
-    webhook inject at admission (before, the controller instruments what was admitted)."""
+    webhook inject at admission (before, the controller instruments what was admitted). The
+    defaulter must answer first: a manager just restarted or not yet routed refuses a Lumigo."""
+    wait_defaulter(product, namespace)
     product.kubectl("apply", "-n", namespace, "-f", "-", input=readme_yaml(token))
     wait_until(
         lambda: "True" in product.kubectl(

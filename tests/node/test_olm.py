@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from localcluster import LocalCluster
 from tests.e2e.packaging_support import ROOT, deployment_available, get_json
 from tests.node.conftest import NodeHolder
 from tests.node.product import (
@@ -54,6 +55,19 @@ def csv_images() -> dict[str, str]:
     """Built image name -> the reference the CSV uses for it."""
     csv = yaml.safe_load(CSV.read_text())
     return {BUILT_FOR[i["name"]]: normalized(i["image"]) for i in csv["spec"]["relatedImages"]}
+
+
+def diagnosis(cluster: LocalCluster, namespace: str) -> str:
+    """What the operator's namespace looks like: pods with restarts, the proxy's configuration
+    hash, the last log lines of the manager and the proxy."""
+    lines = [cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False)]
+    for selector in (
+        "control-plane=controller-manager",
+        "app.kubernetes.io/component=telemetry-proxy",
+    ):
+        lines.append(cluster.kubectl("logs", "-n", namespace, "-l", selector, "--tail=40",
+                                     check=False))  # fmt: skip
+    return "\n".join(lines)
 
 
 def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwards_is_traced(
@@ -112,7 +126,10 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                     http_get(product, app_ns, pod_name, "/")
                     return [s for s in sink.spans() if s.resource.get("k8s.pod.name") == pod_name]
 
-                spans = wait_for(traced, 180, "the app's spans at the sink", interval=2)
+                try:
+                    spans = wait_for(traced, 300, "the app's spans at the sink", interval=2)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}\n{diagnosis(cluster, ns)}") from err
                 assert spans[0].authorization == f"LumigoToken {token}"
                 assert spans[0].resource["k8s.cluster.name"] == "olm-node"
         finally:
