@@ -20,11 +20,11 @@ from tests.e2e.packaging_support import ROOT, deployment_available, get_json
 from tests.node.conftest import NodeHolder
 from tests.node.product import (
     Product,
+    apply_readme,
     deployment,
     http_get,
     node_cluster,
     node_sink,
-    readme_yaml,
     rolled_out,
     wait_for,
 )
@@ -112,7 +112,7 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                 # The product helpers, without a Helm release (OLM installed this one).
                 product = Product(cluster, node, None, sink, {})  # type: ignore[arg-type]
                 product.new_namespace(app_ns)
-                product.kubectl("apply", "-n", app_ns, "-f", "-", input=readme_yaml(token))
+                apply_readme(product, app_ns, token)
                 image = str(built["python-app"]["ref"])
                 product.kubectl("apply", "-n", app_ns, "-f", "-",
                                 input=json.dumps(deployment("flask", image)))  # fmt: skip
