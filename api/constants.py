@@ -41,6 +41,19 @@ DEFAULT_TOKEN_KEY: Final = "token"
 # --- Conditions ---------------------------------------------------------------------------
 CONDITION_ACTIVE: Final = "Active"
 CONDITION_ERROR: Final = "Error"
+CONDITION_PROGRESSING: Final = "Progressing"  # beyond the reference: the rollout budget
+
+# --- Safe rollouts (beyond the reference) -------------------------------------------------
+DEFAULT_MAX_CONCURRENT_ROLLOUTS: Final = 5
+# On a workload the controller instrumented: the generation its change produced, when, and
+# whether the workload was healthy just before (only those are ever reverted).
+ANNOTATION_INSTRUMENTED_GENERATION: Final = "operator.lumigo.io/instrumented-generation"
+ANNOTATION_INSTRUMENTED_AT: Final = "operator.lumigo.io/instrumented-at"
+ANNOTATION_HEALTHY_BEFORE: Final = "operator.lumigo.io/healthy-before-instrumentation"
+# The mark of a reverted workload: what was observed. Neither the webhook nor the controller
+# instruments a workload that carries it; removing it retries once.
+ANNOTATION_REVERTED: Final = "operator.lumigo.io/instrumentation-reverted"
+REASON_REVERTED: Final = "LumigoRevertedInstrumentation"
 
 # --- Event reasons ------------------------------------------------------------------------
 REASON_ADDED: Final = "LumigoAddedInstrumentation"

@@ -13,7 +13,7 @@ import marshmallow
 from marshmallow import Schema, fields
 
 from api import constants
-from api.lumigo import LumigoSpecSchema, LumigoStatusSchema, StrictBoolean
+from api.lumigo import LumigoSpecSchema, LumigoStatusSchema, StrictBoolean, StrictInteger
 
 JSONSchema = dict[str, Any]
 
@@ -38,7 +38,7 @@ def field_schema(field: fields.Field[Any]) -> JSONSchema:
     elif isinstance(field, fields.DateTime):
         out = {"type": "string", "format": "date-time"}
     elif isinstance(field, fields.Integer):
-        out = {"type": "integer", "format": "int64"}
+        out = _integer_schema(field)
     elif isinstance(field, fields.String):
         out = {"type": "string"}
         for validator in field.validators:
@@ -52,10 +52,24 @@ def field_schema(field: fields.Field[Any]) -> JSONSchema:
     return out
 
 
+def _integer_schema(field: fields.Integer) -> JSONSchema:
+    """A spec integer has its default and minimum in the CRD; a status one has neither."""
+    out: JSONSchema = {"type": "integer", "format": "int64"}
+    if isinstance(field, StrictInteger) and field.load_default is not marshmallow.missing:
+        out["default"] = field.load_default
+    for validator in field.validators:
+        if isinstance(validator, marshmallow.validate.Range) and validator.min is not None:
+            out["minimum"] = validator.min
+    return out
+
+
 def _has_defaults(schema: Schema) -> bool:
     """Whether loading `{}` with this schema fills in any real (non-zero-value) default."""
     for f in schema.fields.values():
-        if isinstance(f, StrictBoolean) and f.load_default is not marshmallow.missing:
+        if (
+            isinstance(f, StrictBoolean | StrictInteger)
+            and f.load_default is not marshmallow.missing
+        ):
             return True
         if isinstance(f, fields.Nested):
             nested = f.nested() if isinstance(f.nested, type) else f.nested
@@ -91,6 +105,18 @@ def printer_columns() -> list[JSONSchema]:
             "jsonPath": '.status.conditions[?(@.type=="Error")].message',
         },
         {
+            "name": "Rolling",
+            "type": "integer",
+            "description": "Workloads rolling because the operator instrumented them",
+            "jsonPath": ".status.rollouts.rolling",
+        },
+        {
+            "name": "Pending",
+            "type": "integer",
+            "description": "Workloads waiting for a rollout slot",
+            "jsonPath": ".status.rollouts.pending",
+        },
+        {
             "name": "Age",
             "type": "date",
             "jsonPath": ".metadata.creationTimestamp",
@@ -107,6 +133,7 @@ def crd_manifest() -> JSONSchema:
     conditions["x-kubernetes-list-type"] = "map"
     conditions["x-kubernetes-list-map-keys"] = ["type"]
     status["properties"]["instrumentedResources"]["items"]["x-kubernetes-map-type"] = "atomic"
+    status["properties"]["revertedResources"]["items"]["x-kubernetes-map-type"] = "atomic"
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -50,6 +50,16 @@ class StrictString(_Strict, fields.String):
     default_error_messages = {"invalid": "must be a string, got {input!r}"}
 
 
+class StrictInteger(_Strict, fields.Integer):
+    kind = int
+    default_error_messages = {"invalid": "must be an integer, got {input!r}"}
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, bool):  # a bool is an int to Python, never to the API
+            raise self.make_error("invalid", input=value)
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
 class _Base(Schema):
     class Meta:
         unknown = EXCLUDE  # the API server prunes unknown fields; be lenient when reading
@@ -106,6 +116,7 @@ class Switchable:
 class Injection(Switchable):
     inject_lumigo_into_existing_resources_on_creation: bool = True
     remove_lumigo_from_resources_on_deletion: bool = True
+    max_concurrent_rollouts: int = constants.DEFAULT_MAX_CONCURRENT_ROLLOUTS
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,17 @@ class InjectionSchema(_ModelSchema):
     removeLumigoFromResourcesOnDeletion = _flag(
         True, "Remove instrumentation when this resource is deleted."
     )
+    maxConcurrentRollouts = StrictInteger(
+        load_default=constants.DEFAULT_MAX_CONCURRENT_ROLLOUTS,
+        validate=marshmallow.validate.Range(min=0, error="must be 0 (no limit) or more"),
+        metadata={
+            "description": (
+                "How many existing Deployments, StatefulSets and DaemonSets of the namespace may"
+                " be rolling at once because the operator instrumented them; the next one starts"
+                " when one is available again. 0: no limit."
+            )
+        },
+    )
 
 
 def _section(
@@ -217,9 +239,13 @@ class ConditionSchema(_Base):
     type = StrictString(
         required=True,
         validate=marshmallow.validate.OneOf(
-            [constants.CONDITION_ACTIVE, constants.CONDITION_ERROR]
+            [
+                constants.CONDITION_ACTIVE,
+                constants.CONDITION_ERROR,
+                constants.CONDITION_PROGRESSING,
+            ]
         ),
-        metadata={"description": "Active or Error."},
+        metadata={"description": "Active, Error or Progressing."},
     )
     status = StrictString(
         required=True,
@@ -257,6 +283,25 @@ class ObjectReferenceSchema(_Base):
     fieldPath = StrictString(load_default="")
 
 
+class RevertedResourceSchema(ObjectReferenceSchema):
+    reason = StrictString(
+        load_default="", metadata={"description": "What was observed when it was reverted."}
+    )
+
+
+class RolloutsSchema(_Base):
+    rolling = fields.Integer(
+        load_default=0,
+        strict=True,
+        metadata={"description": "Workloads rolling because the operator changed them."},
+    )
+    pending = fields.Integer(
+        load_default=0,
+        strict=True,
+        metadata={"description": "Workloads waiting for a rollout slot (maxConcurrentRollouts)."},
+    )
+
+
 class LumigoStatusSchema(_Base):
     conditions = fields.List(
         fields.Nested(ConditionSchema),
@@ -267,6 +312,19 @@ class LumigoStatusSchema(_Base):
         fields.Nested(ObjectReferenceSchema),
         required=True,
         metadata={"description": "Workloads of the namespace currently instrumented."},
+    )
+    rollouts = fields.Nested(
+        RolloutsSchema,
+        metadata={"description": "Instrumentation rollouts of existing workloads under way."},
+    )
+    revertedResources = fields.List(
+        fields.Nested(RevertedResourceSchema),
+        metadata={
+            "description": (
+                "Workloads whose instrumentation was reverted because their new pods failed;"
+                " remove the operator.lumigo.io/instrumentation-reverted annotation to retry."
+            )
+        },
     )
 
 
@@ -326,6 +384,7 @@ def dump_spec(spec: LumigoSpec) -> dict[str, Any]:
                     inj.inject_lumigo_into_existing_resources_on_creation
                 ),
                 "removeLumigoFromResourcesOnDeletion": inj.remove_lumigo_from_resources_on_deletion,
+                "maxConcurrentRollouts": inj.max_concurrent_rollouts,
             },
         },
         "logging": {"enabled": spec.logging.enabled},

@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from api import constants
+from controller.lumigo import rollouts
+from controller.lumigo.health import Thresholds
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
+from controller.lumigo.revert import PodReader, Reverter
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
 from controller.runtime.informer import Informer, Selection, metadata_projection
@@ -71,15 +74,22 @@ def _split_sans(sans: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(names), tuple(ips)
 
 
+def _workload_state(obj: JSON) -> JSON:
+    """What the workload caches keep beyond metadata: the opt-out and rollout states."""
+    return {**opted_out_state(obj), **rollouts.state(obj)}
+
+
 def _labels_changed(old: JSON | None, new: JSON) -> bool:
     """Workload events that matter to the Lumigo controller: creation, deletion, label changes
-    (instrumentation state lives in the `lumigo.auto-trace` label), and an opted-out workload's
-    pod template gaining or losing our instrumentation (the label stays `false`)."""
+    (instrumentation state lives in the `lumigo.auto-trace` label), an opted-out workload's
+    pod template gaining or losing our instrumentation (the label stays `false`), and a change
+    of our annotations or of whether its rollout is complete (a budget slot frees up)."""
     if old is None:
         return True
     return bool(
         (old.get("metadata") or {}).get("labels") != (new.get("metadata") or {}).get("labels")
         or old.get(OPTED_OUT_INSTRUMENTED) != new.get(OPTED_OUT_INSTRUMENTED)
+        or old.get(rollouts.STATE) != new.get(rollouts.STATE)
     )
 
 
@@ -98,7 +108,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     workloads = {
         r.kind: manager.informer(
             Selection(r),
-            transform=metadata_projection(opted_out_state),
+            transform=metadata_projection(_workload_state),
             indexed_labels=(constants.LABEL_AUTO_TRACE,),
         )
         for r in WORKLOADS
@@ -119,11 +129,20 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     )
     _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder, settings=settings)
 
+    component = events.controller_component(opts.operator_version)
+    thresholds = Thresholds(restarts=opts.revert_restarts, unready_after=opts.revert_unready_after)
+    pods = PodReader(client)
     instrumenter = Instrumenter(
         client,
         recorder,
-        component=events.controller_component(opts.operator_version),
+        component=component,
         concurrency=opts.inject_concurrency,
+        pods_healthy=lambda obj: pods.healthy(obj, thresholds),
+    )
+    reverter = (
+        Reverter(client, recorder, component, thresholds, window=opts.revert_window)
+        if opts.revert
+        else None
     )
     reconciler = LumigoReconciler(
         client=client,
@@ -133,6 +152,8 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         settings_for=settings.for_spec,
         resync_period=opts.resync_period,
         error_requeue=opts.error_requeue,
+        reverter=reverter,
+        rollout_timeout=opts.rollout_timeout,
     )
 
     def every_lumigo_in_namespace(obj: JSON) -> list[ObjectKey]:

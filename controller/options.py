@@ -72,6 +72,11 @@ class RunOptions:
     error_requeue: float = 5.0
     inject_concurrency: int = 8
     workers: int = 4
+    rollout_timeout: float = 600.0
+    revert: bool = True
+    revert_window: float = 600.0
+    revert_restarts: int = 3
+    revert_unready_after: float = 300.0
     telemetry_proxy_deployment: str = "lumigo-lumigo-operator-telemetry-proxy"
     telemetry_proxy_config_secret: str = "lumigo-lumigo-operator-telemetry-proxy-config"
     telemetry_upstream_endpoint: str = ""
@@ -141,6 +146,38 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     a("--resync-period", type=parse_duration, default=d.resync_period)
     a("--inject-concurrency", type=int, default=d.inject_concurrency)
     a("--workers", type=int, default=d.workers, help="Lumigo reconcile workers")
+    a(
+        "--rollout-timeout",
+        type=parse_duration,
+        default=d.rollout_timeout,
+        help="a rollout the operator started holds a slot of maxConcurrentRollouts at most this"
+        " long",
+    )
+    a(
+        "--revert",
+        action=argparse.BooleanOptionalAction,
+        default=d.revert,
+        help="revert the instrumentation of a workload whose new pods fail while the previous"
+        " ones were healthy",
+    )
+    a(
+        "--revert-window",
+        type=parse_duration,
+        default=d.revert_window,
+        help="how long after instrumenting a workload its new pods are watched",
+    )
+    a(
+        "--revert-restarts",
+        type=int,
+        default=d.revert_restarts,
+        help="container restarts of a new pod that mean it is crash-looping",
+    )
+    a(
+        "--revert-unready-after",
+        type=parse_duration,
+        default=d.revert_unready_after,
+        help="how long a started new pod may stay not ready",
+    )
     a(
         "--telemetry-proxy-deployment",
         default=d.telemetry_proxy_deployment,

@@ -29,6 +29,10 @@ Gating, in the reference's order and with its texts (reference §3 steps 1-8):
     removes our instrumentation (the label stays) and a LumigoRemovedInstrumentation event,
     whatever the namespace's Lumigo says (checked right after step 3: the user asked us to keep
     away). Jobs aside (immutable pod template); a CREATE labelled `false` is left alone.
+ 7b. Beyond the reference: a workload marked `operator.lumigo.io/instrumentation-reverted` (the
+    controller reverted it: its instrumented pods failed) is allowed unchanged. The UPDATE that
+    removes the mark is injected and annotated like a controller rollout, so that the controller
+    watches the new pods again (a retry).
  8. Injected: the JSON patch, and a LumigoAdded/UpdatedInstrumentation event only if it changed.
 
 Never blocks a workload: any failure allows it unchanged (the reference answered some errors with
@@ -40,15 +44,16 @@ objects being deleted are left alone, and dry-run requests record no events.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from prometheus_client import Counter
 
-from api import constants
+from api import constants, marks
 from api.effective import governing, in_effect
 from api.lumigo import load_spec
 from webhook import events, mutation
@@ -68,7 +73,7 @@ log = logging.getLogger("lumigo.webhook.inject")
 #   result   injected | updated | removed | unchanged | skipped | failed
 #   reason   short machine-readable token, e.g. lumigo, label-opt-in, no-lumigo, not-active,
 #            injection-disabled, opted-out, skip-next-injector, deployment-owned, windows-pod,
-#            job-immutable, being-deleted, already-instrumented, list-error, invalid-settings,
+#            job-immutable, being-deleted, reverted, already-instrumented, list-error, invalid-settings,
 #            internal-error
 INJECTIONS_TOTAL = Counter(
     "lumigo_injections_total",
@@ -97,6 +102,10 @@ LIST_FAILED: Final = "cannot retrieve Lumigo instances in namespace {namespace}:
 BEING_DELETED: Final = "The resource is being deleted; resource will not be mutated"
 JOB_IMMUTABLE: Final = (
     "the PodSpec of batchv1.Job resources is immutable once the job has been created"
+)
+REVERTED: Final = (
+    "Lumigo reverted the instrumentation of this workload because its pods failed; remove the"
+    f" annotation {constants.ANNOTATION_REVERTED} to try again"
 )
 INTERNAL_ERROR: Final = "internal error in the Lumigo injector webhook ({error}); see its logs"
 
@@ -161,6 +170,7 @@ class InjectHandler:
         self._namespaces: set[str] = set()
         self._spec_settings: dict[str, InjectionSettings] = {}
         self._lock = threading.Lock()
+        self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
     def handle(self, request: AdmissionRequest) -> AdmissionResponse:
         if request.operation not in {"CREATE", "UPDATE"}:
@@ -245,6 +255,8 @@ class InjectHandler:
                 "skipped",
                 "skip-next-injector",
             )
+        if marks.is_reverted(subject.obj):
+            return _Decision(allow(request, REVERTED), "skipped", "reverted")
         return self._inject(subject, source)
 
     # -- removal on opt-out ----------------------------------------------------------------------
@@ -296,6 +308,13 @@ class InjectHandler:
         if kind == "Job" and request.operation == "UPDATE":
             message = CANNOT_INJECT.format(error=JOB_IMMUTABLE)
             return _Decision(allow(request, message), "skipped", "job-immutable")
+        if _is_retry_after_revert(request, kind):
+            # The user removed the revert mark: watch this new revision like the first time.
+            old = request.old_object or {}
+            healthy = marks.rollout_complete({**old, "kind": kind})
+            retry = {**mutated, "metadata": dict(mutated.get("metadata") or {})}
+            marks.set_annotations(retry, marks.marks(subject.obj, self.clock(), healthy))
+            ops = diff(subject.obj, retry)
         action = "update" if subject.had_instrumentation else "add"
         trigger = events.webhook_trigger(source.trigger_namespace, source.trigger_name)
         self._record(subject, events.NORMAL, action, trigger, None)
@@ -381,6 +400,17 @@ def settings_from_labels(base: InjectionSettings, labels: Mapping[str, Any]) -> 
         token_secret_key=text(constants.LABEL_TOKEN_KEY) or constants.DEFAULT_TOKEN_KEY,
         enable_traces=text(constants.LABEL_ENABLE_TRACES).lower() != "false",
         enable_logs=text(constants.LABEL_ENABLE_LOGS).lower() == "true",
+    )
+
+
+def _is_retry_after_revert(request: AdmissionRequest, kind: str) -> bool:
+    """An UPDATE that removes the revert mark from a workload we roll out."""
+    return (
+        request.operation == "UPDATE"
+        and kind in marks.ROLLING_KINDS
+        and request.old_object is not None
+        and marks.is_reverted(request.old_object)
+        and not marks.is_reverted(request.object or {})
     )
 
 

@@ -9,6 +9,7 @@ from either taking forever or flooding the API server.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final, Protocol
 
 from api import constants
+from api.marks import ROLLING_KINDS, marks, rollout_complete, set_annotations
+from controller.lumigo.rollouts import is_reverted
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
@@ -27,6 +30,14 @@ log = logging.getLogger("lumigo.instrumentation")
 
 JSON = dict[str, Any]
 JOB_IMMUTABLE = "the PodSpec of batchv1.Job resources is immutable once the job has been created"
+
+
+# Removing our instrumentation also drops the rollout annotations of the change that added it.
+ROLLOUT_MARKS_CLEARED: Final[dict[str, str | None]] = {
+    constants.ANNOTATION_INSTRUMENTED_GENERATION: None,
+    constants.ANNOTATION_INSTRUMENTED_AT: None,
+    constants.ANNOTATION_HEALTHY_BEFORE: None,
+}
 
 
 class Recorder(Protocol):
@@ -112,6 +123,10 @@ class Instrumenter:
     _: KW_ONLY
     component: str
     concurrency: int = 8
+    # Whether a workload's pods are healthy right now (recorded on the workloads we roll, so
+    # that only those healthy before are ever reverted); None: not recorded.
+    pods_healthy: Callable[[JSON], bool] | None = None
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
     # -- one object ----------------------------------------------------------------------------
     def instrument(
@@ -125,10 +140,15 @@ class Instrumenter:
             return self._job_is_immutable(target, "add", trigger)
 
         def change(obj: JSON) -> JSON | None:
-            if mutation.auto_trace_label(obj) is not None:
-                return None  # labelled meanwhile (webhook, user opt-out): nothing to do
+            if mutation.auto_trace_label(obj) is not None or is_reverted(obj):
+                return None  # labelled meanwhile (webhook, user opt-out), or reverted
             mutated = mutation.inject(obj, settings)
-            return None if jsonpatch.same(mutated, obj) else mutated
+            if jsonpatch.same(mutated, obj):
+                return None
+            if target.resource.kind in ROLLING_KINDS and self.pods_healthy is not None:
+                healthy = rollout_complete(obj) and self.pods_healthy(obj)
+                set_annotations(mutated, marks(obj, self.clock(), healthy))
+            return mutated
 
         return self._write(target, change, "add", trigger, current=current)
 
@@ -142,6 +162,7 @@ class Instrumenter:
             cleaned = mutation.remove(obj)
             if jsonpatch.same(cleaned, obj):
                 return None
+            set_annotations(cleaned, ROLLOUT_MARKS_CLEARED)
             # Tell the webhook not to inject again on this very update (the reference handshake).
             labels = cleaned.setdefault("metadata", {}).setdefault("labels", {})
             labels[constants.LABEL_AUTO_TRACE] = constants.AUTO_TRACE_SKIP_NEXT_INJECTOR
@@ -159,7 +180,10 @@ class Instrumenter:
             if not mutation.is_opted_out(obj):
                 return None  # the user changed their mind meanwhile
             cleaned = mutation.remove(obj)
-            return None if jsonpatch.same(cleaned, obj) else cleaned
+            if jsonpatch.same(cleaned, obj):
+                return None
+            set_annotations(cleaned, ROLLOUT_MARKS_CLEARED)
+            return cleaned
 
         return self._write(target, change, "remove", trigger)
 

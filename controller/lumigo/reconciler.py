@@ -36,6 +36,7 @@ from typing import Any
 from api import constants
 from api.effective import governing
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
+from api.marks import ROLLING_KINDS
 from controller.lumigo import removal
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import (
@@ -48,6 +49,13 @@ from controller.lumigo.instrumentation import (
     target_order,
 )
 from controller.lumigo.resources import LUMIGOES
+from controller.lumigo.revert import Reverter
+from controller.lumigo.rollouts import (
+    Budget,
+    is_reverted,
+    is_rolling_because_of_us,
+    our_annotation,
+)
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import ReconcileError, Result
@@ -76,6 +84,9 @@ class LumigoReconciler:
     settings_for: SettingsFactory
     resync_period: float = 30.0
     error_requeue: float = 5.0
+    reverter: Reverter | None = None  # None: no automatic revert
+    rollout_timeout: float = 600.0  # a rollout of ours holds a budget slot at most this long
+    rollout_poll: float = 5.0  # requeue period while rollouts are under way or watched
 
     # -- entry point ---------------------------------------------------------------------------
     def reconcile(self, key: ObjectKey) -> Result:
@@ -94,12 +105,23 @@ class LumigoReconciler:
         assert spec is not None
         first_activation = not st.was_ever_activated(lumigo)
         removals = self._remove_opted_out(lumigo)
-        self._instrument_namespace(lumigo, spec, first_activation)
-        self._write_status(lumigo, st.active_updates(None, ""), self._instrumented(key.namespace))
+        watching = self._revert_broken(key.namespace)
+        progress = self._instrument_namespace(lumigo, spec, first_activation)
+        limit = spec.tracing.injection.max_concurrent_rollouts
+        self._write_status(
+            lumigo,
+            [*st.active_updates(None, ""), st.progressing_update(*progress, limit)],
+            self._instrumented(key.namespace),
+            {
+                "rollouts": {"rolling": progress[0], "pending": progress[1]},
+                "revertedResources": self._reverted(key.namespace),
+            },
+        )
         failed = [o for o in removals if o.error]
         if failed:
             raise InstrumentationIncomplete("remove instrumentation from", failed, len(removals))
-        return Result(requeue_after=self.resync_period)
+        busy = watching or any(progress)
+        return Result(requeue_after=self.rollout_poll if busy else self.resync_period)
 
     # -- validation ----------------------------------------------------------------------------
     def _problem(self, lumigo: JSON) -> tuple[str | None, str, LumigoSpec | None]:
@@ -135,11 +157,16 @@ class LumigoReconciler:
         return governing(self.lumigoes.store.list(namespace))
 
     # -- instrumentation -----------------------------------------------------------------------
-    def _instrument_namespace(self, lumigo: JSON, spec: LumigoSpec, first_activation: bool) -> None:
+    def _instrument_namespace(
+        self, lumigo: JSON, spec: LumigoSpec, first_activation: bool
+    ) -> tuple[int, int]:
+        """Instrument what should be, within the rollout budget: (rolling, pending) after."""
         injection = spec.tracing.injection
+        namespace = lumigo["metadata"]["namespace"]
+        rolling = self._rolling(namespace)
         if not injection.enabled:
-            return
-        namespace, name = lumigo["metadata"]["namespace"], lumigo["metadata"]["name"]
+            return rolling, 0
+        name = lumigo["metadata"]["name"]
         # Workloads created after activation should have been injected by the webhook; if they
         # were not (it was down: failurePolicy Ignore), the controller repairs them. Strictly
         # after: creation timestamps have a one-second resolution, and a workload from the same
@@ -155,7 +182,11 @@ class LumigoReconciler:
         jobs: list[Target] = []
         for kind, informer in self.workloads.items():
             for obj in informer.store.by_label(constants.LABEL_AUTO_TRACE, None, namespace):
-                if is_deployment_owned(obj) or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                if (
+                    is_deployment_owned(obj)
+                    or (obj.get("metadata") or {}).get("deletionTimestamp")
+                    or is_reverted(obj)
+                ):
                     continue
                 newer = str(obj["metadata"].get("creationTimestamp", "")) > activated
                 if not (inject_existing or newer):
@@ -166,17 +197,63 @@ class LumigoReconciler:
                     continue
                 targets.append(Target.of(obj))
         if not targets and not jobs:
-            return
+            return rolling, 0
+        # Rolling kinds wait for a slot of the budget; the others restart no pod.
+        ordered = sorted(targets, key=target_order)
+        rollable = [t for t in ordered if t.resource.kind in ROLLING_KINDS]
+        free = Budget(injection.max_concurrent_rollouts, rolling).free
+        now = [t for t in ordered if t.resource.kind not in ROLLING_KINDS] + rollable[:free]
+        pending = len(rollable) - len(rollable[:free])
         trigger = events.controller_trigger(namespace, name)
         settings = self.settings_for(spec)
         outcomes = self.instrumenter.instrument_all(
-            sorted(targets, key=target_order), settings, trigger, self._listed(namespace, targets)
+            sorted(now, key=target_order), settings, trigger, self._listed(namespace, now)
         )
         for job in jobs:
             self.instrumenter.instrument(job, settings, trigger)  # records the immutability event
         failed = [o for o in outcomes if o.error]
         if failed:
             raise InstrumentationIncomplete("instrument", failed, len(outcomes))
+        started = sum(1 for o in outcomes if o.changed and o.target.resource.kind in ROLLING_KINDS)
+        return rolling + started, pending
+
+    def _rolling(self, namespace: str) -> int:
+        """Workloads of the namespace rolling because we instrumented them (from the cache)."""
+        now = dt.datetime.now(dt.UTC)
+        return sum(
+            1
+            for kind in ROLLING_KINDS
+            if kind in self.workloads
+            for _ in self.workloads[kind].store.list(
+                namespace, lambda o: is_rolling_because_of_us(o, now, self.rollout_timeout)
+            )
+        )
+
+    def _revert_broken(self, namespace: str) -> bool:
+        """Revert the watched workloads whose new pods fail; whether any is still watched."""
+        if self.reverter is None:
+            return False
+        reverter = self.reverter
+        now = dt.datetime.now(dt.UTC)
+        watched = [
+            Target.of(obj)
+            for kind in ROLLING_KINDS
+            if kind in self.workloads
+            for obj in self.workloads[kind].store.list(
+                namespace, lambda o: reverter.watched(o, now)
+            )
+        ]
+        for target in sorted(watched, key=target_order):
+            reverter.check(target)
+        return bool(watched)
+
+    def _reverted(self, namespace: str) -> list[JSON]:
+        refs = [
+            st.reverted_reference(obj, our_annotation(obj, constants.ANNOTATION_REVERTED) or "")
+            for informer in self.workloads.values()
+            for obj in informer.store.list(namespace, is_reverted)
+        ]
+        return st.sort_instrumented(refs)
 
     def _remove_opted_out(self, lumigo: JSON) -> list[Outcome]:
         """Clean the workloads labelled `false` that still carry our instrumentation."""
@@ -240,8 +317,13 @@ class LumigoReconciler:
 
     # -- status --------------------------------------------------------------------------------
     def _write_status(
-        self, lumigo: JSON, updates: list[st.ConditionUpdate], instrumented: list[JSON]
+        self,
+        lumigo: JSON,
+        updates: list[st.ConditionUpdate],
+        instrumented: list[JSON],
+        extra: JSON | None = None,
     ) -> None:
+        """`extra`: the rollout fields, written while Active (kept as they were otherwise)."""
         meta = lumigo["metadata"]
         generation = int(meta.get("generation") or 0)
 
@@ -250,15 +332,13 @@ class LumigoReconciler:
             conditions = st.apply_conditions(
                 status.get("conditions") or [], updates, generation, _now()
             )
-            new_status = {"conditions": conditions, "instrumentedResources": instrumented}
-            if (
-                new_status
-                == {
-                    "conditions": status.get("conditions") or [],
-                    "instrumentedResources": status.get("instrumentedResources") or [],
-                }
-                and "instrumentedResources" in status
-            ):
+            new_status = {
+                **status,
+                "conditions": conditions,
+                "instrumentedResources": instrumented,
+                **(extra or {}),
+            }
+            if new_status == status:
                 return None  # unchanged: no write
             current["status"] = new_status
             return current

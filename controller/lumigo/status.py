@@ -188,3 +188,28 @@ def sort_instrumented(refs: list[JSON]) -> list[JSON]:
     """Kind order DaemonSet, Deployment, ReplicaSet, StatefulSet, CronJob, Job; then by name."""
     order = constants.KIND_ORDER
     return sorted(refs, key=lambda r: (order.get(r.get("kind", ""), len(order)), r.get("name", "")))
+
+
+REASON_ROLLING_OUT = "RollingOut"
+REASON_ROLLOUTS_DONE = "RolloutsComplete"
+
+
+def progressing_update(rolling: int, pending: int, limit: int) -> ConditionUpdate:
+    """The Progressing condition: True while instrumentation rollouts are under way or waiting
+    for a slot of the budget (`maxConcurrentRollouts`, 0 for no limit)."""
+    if rolling == 0 and pending == 0:
+        return ConditionUpdate(
+            constants.CONDITION_PROGRESSING, False, "no rollout under way", REASON_ROLLOUTS_DONE
+        )
+    budget = f"maxConcurrentRollouts: {limit}" if limit else "no limit"
+    return ConditionUpdate(
+        constants.CONDITION_PROGRESSING,
+        True,
+        f"{rolling} workloads rolling out with the instrumentation, {pending} waiting ({budget})",
+        REASON_ROLLING_OUT,
+    )
+
+
+def reverted_reference(obj: JSON, reason: str) -> JSON:
+    """The status entry of a reverted workload: its reference and what was observed."""
+    return {**instrumented_reference(obj), "reason": reason}

@@ -25,6 +25,8 @@ REFERENCE_DEFAULTS = {
             "enabled": True,
             "injectLumigoIntoExistingResourcesOnCreation": True,
             "removeLumigoFromResourcesOnDeletion": True,
+            # Beyond the reference (safe rollouts): additive, defaulted.
+            "maxConcurrentRollouts": 5,
         },
     },
     "logging": {"enabled": False},
@@ -71,7 +73,7 @@ def test_crd_identity_matches_the_reference() -> None:
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
     columns = {c["name"] for c in version["additionalPrinterColumns"]}
-    assert {"Active", "Error", "Age"} <= columns
+    assert {"Active", "Error", "Rolling", "Pending", "Age"} <= columns
 
 
 def test_defaults_match_the_reference_table() -> None:
@@ -107,7 +109,7 @@ def test_every_crd_field_is_known_to_the_model_and_vice_versa() -> None:
     assert set(crd_fields) == set(paths)
     for path, prop in crd_fields.items():
         value = paths[path]
-        expected_type = {bool: "boolean", str: "string", dict: "object"}[type(value)]
+        expected_type = {bool: "boolean", int: "integer", str: "string", dict: "object"}[type(value)]
         assert prop["type"] == expected_type, path
         if isinstance(value, bool):
             assert prop["default"] == value, path

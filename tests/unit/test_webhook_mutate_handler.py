@@ -60,6 +60,7 @@ def test_defaults_are_filled_in() -> None:
         "enabled": True,
         "injectLumigoIntoExistingResourcesOnCreation": True,
         "removeLumigoFromResourcesOnDeletion": True,
+        "maxConcurrentRollouts": 5,
     }
     assert out["spec"]["logging"] == {"enabled": False}
     assert out["spec"]["infrastructure"] == {"enabled": True, "kubeEvents": {"enabled": True}}

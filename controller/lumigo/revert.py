@@ -1,0 +1,161 @@
+"""Automatic revert of instrumentation that broke a workload.
+
+After the controller instruments an existing Deployment, StatefulSet or DaemonSet that was healthy,
+it watches the pods of the revision its change produced for `window` seconds. If they crash-loop,
+fail their `lumigo-injector` init container or never become ready (`health.Thresholds`), the
+workload goes back to its un-instrumented pod template in one conflict-safe write that also marks
+it (`operator.lumigo.io/instrumentation-reverted`, saying what was observed): neither the webhook
+nor the controller instruments it again until a user removes the mark. A Warning event, the
+Lumigo's `status.revertedResources` and `lumigo_instrumentation_reverts_total` tell about it.
+
+Never reverted: a workload that was not healthy before (`healthy-before-instrumentation: false`),
+and a workload changed by someone else since (its generation is no longer the one our change
+produced: the new pods are theirs). Pods are listed by the workload's selector, only while it is
+watched: the operator never caches the cluster's pods.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter
+
+from api import constants
+from api.marks import ROLLING_KINDS, set_annotations
+from controller.lumigo import health
+from controller.lumigo.instrumentation import (
+    ROLLOUT_MARKS_CLEARED,
+    Target,
+    is_labelled_instrumented,
+)
+from controller.lumigo.rollouts import instrumented_at, is_our_revision, is_reverted, our_annotation
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import PODS, ApiError
+from webhook import events, mutation
+
+log = logging.getLogger("lumigo.revert")
+
+JSON = dict[str, Any]
+
+REVERTS_TOTAL = Counter(
+    "lumigo_instrumentation_reverts_total",
+    "Workloads whose instrumentation was reverted because their new pods failed.",
+    ["namespace", "kind"],
+)
+
+
+def selector_string(selector: Mapping[str, Any] | None) -> str | None:
+    """A LabelSelector as a list query's labelSelector; None if it selects nothing we can tell.
+    Keys and values were validated by the API server (no commas or parentheses)."""
+    if not selector:
+        return None
+    terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "In":
+            terms.append(f"{key} in ({','.join(values)})")
+        elif op == "NotIn":
+            terms.append(f"{key} notin ({','.join(values)})")
+        elif op == "Exists":
+            terms.append(str(key))
+        elif op == "DoesNotExist":
+            terms.append(f"!{key}")
+    return ",".join(terms) or None
+
+
+def revert_message(kind: str, name: str, problem: str) -> str:
+    return (
+        f"Lumigo reverted the instrumentation of {kind} {name}: {problem}, while the pods before"
+        f" instrumentation were healthy. Remove the annotation {constants.ANNOTATION_REVERTED}"
+        " to try again."
+    )
+
+
+@dataclass
+class PodReader:
+    """The pods of one workload, by its selector (a LIST, never a cache)."""
+
+    client: KubeClient
+
+    def pods_of(self, obj: Mapping[str, Any]) -> list[JSON]:
+        selector = selector_string((obj.get("spec") or {}).get("selector"))
+        if selector is None:
+            return []
+        namespace = (obj.get("metadata") or {}).get("namespace", "")
+        pods, _ = self.client.list(PODS, namespace, label_selector=selector)
+        return pods
+
+    def healthy(self, obj: Mapping[str, Any], thresholds: health.Thresholds) -> bool:
+        return health.is_healthy(self.pods_of(obj), thresholds)
+
+
+@dataclass
+class Reverter:
+    client: KubeClient
+    recorder: Any  # events.EventRecorder
+    component: str
+    thresholds: health.Thresholds = field(default_factory=health.Thresholds)
+    window: float = 600.0  # seconds after instrumenting during which new pods are watched
+    clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+
+    def watched(self, cached: Mapping[str, Any], now: dt.datetime) -> bool:
+        """A cached workload whose new pods are still under watch."""
+        started = instrumented_at(cached)
+        return (
+            cached.get("kind") in ROLLING_KINDS
+            and is_labelled_instrumented(dict(cached))
+            and not is_reverted(cached)
+            and our_annotation(cached, constants.ANNOTATION_HEALTHY_BEFORE) == "true"
+            and is_our_revision(cached)
+            and started is not None
+            and (now - started).total_seconds() < self.window
+        )
+
+    def check(self, target: Target) -> str | None:
+        """Look at the workload's new pods; revert it if they fail. The problem, if reverted."""
+        try:
+            obj = self.client.get(target.resource, target.name, target.namespace)
+            if not (is_our_revision(obj) and is_labelled_instrumented(obj)):
+                return None
+            problem = health.new_pods_problem(
+                PodReader(self.client).pods_of(obj), self.thresholds, self.clock()
+            )
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+        if problem is None:
+            return None
+        return problem if self._revert(target, problem) else None
+
+    def _revert(self, target: Target, problem: str) -> bool:
+        def change(obj: JSON) -> JSON | None:
+            if is_reverted(obj) or not (is_our_revision(obj) and is_labelled_instrumented(obj)):
+                return None  # changed meanwhile: not ours to revert any more
+            cleaned = mutation.remove(obj)
+            set_annotations(
+                cleaned, {**ROLLOUT_MARKS_CLEARED, constants.ANNOTATION_REVERTED: problem}
+            )
+            return cleaned
+
+        result = self.client.update_with_retry(
+            target.resource, target.name, target.namespace, change
+        )
+        if result is None:
+            return False
+        kind = target.resource.kind
+        log.warning(
+            "reverted instrumentation",
+            extra={"kind": kind, "namespace": target.namespace, "resource": target.name,
+                   "problem": problem},
+        )  # fmt: skip
+        self.recorder.event(
+            result, events.WARNING, constants.REASON_REVERTED,
+            revert_message(kind, target.name, problem), self.component,
+        )  # fmt: skip
+        REVERTS_TOTAL.labels(target.namespace, kind).inc()
+        return True
