@@ -29,8 +29,10 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import logging
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from api import constants
@@ -87,6 +89,10 @@ class LumigoReconciler:
     reverter: Reverter | None = None  # None: no automatic revert
     rollout_timeout: float = 600.0  # a rollout of ours holds a budget slot at most this long
     rollout_poll: float = 5.0  # requeue period while rollouts are under way or watched
+    # Rollouts started by this process that the cache does not show yet (our write's watch
+    # event may arrive after the next reconcile starts): they hold their slot meanwhile.
+    _started: dict[Target, float] = field(default_factory=dict, init=False)
+    _started_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     # -- entry point ---------------------------------------------------------------------------
     def reconcile(self, key: ObjectKey) -> Result:
@@ -211,16 +217,19 @@ class LumigoReconciler:
         )
         for job in jobs:
             self.instrumenter.instrument(job, settings, trigger)  # records the immutability event
+        started = [o.target for o in outcomes if o.changed and o.target in rollable]
+        with self._started_lock:
+            self._started.update((t, time.monotonic()) for t in started)
         failed = [o for o in outcomes if o.error]
         if failed:
             raise InstrumentationIncomplete("instrument", failed, len(outcomes))
-        started = sum(1 for o in outcomes if o.changed and o.target.resource.kind in ROLLING_KINDS)
-        return rolling + started, pending
+        return rolling + len(started), pending
 
     def _rolling(self, namespace: str) -> int:
-        """Workloads of the namespace rolling because we instrumented them (from the cache)."""
+        """Workloads of the namespace rolling because we instrumented them: from the cache, plus
+        those we started whose write the cache has not caught up with."""
         now = dt.datetime.now(dt.UTC)
-        return sum(
+        cached = sum(
             1
             for kind in ROLLING_KINDS
             if kind in self.workloads
@@ -228,6 +237,24 @@ class LumigoReconciler:
                 namespace, lambda o: is_rolling_because_of_us(o, now, self.rollout_timeout)
             )
         )
+        return cached + self._not_yet_cached(namespace)
+
+    def _not_yet_cached(self, namespace: str) -> int:
+        unseen = 0
+        with self._started_lock:
+            for target, since in list(self._started.items()):
+                if target.namespace != namespace:
+                    continue
+                obj = self.workloads[target.resource.kind].get(target.namespace, target.name)
+                seen = (
+                    obj is None
+                    or our_annotation(obj, constants.ANNOTATION_INSTRUMENTED_GENERATION) is not None
+                )
+                if seen or time.monotonic() - since > self.rollout_timeout:
+                    del self._started[target]
+                else:
+                    unseen += 1
+        return unseen
 
     def _revert_broken(self, namespace: str) -> bool:
         """Revert the watched workloads whose new pods fail; whether any is still watched."""
