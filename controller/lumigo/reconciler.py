@@ -279,6 +279,7 @@ class LumigoReconciler:
             st.reverted_reference(obj, our_annotation(obj, constants.ANNOTATION_REVERTED) or "")
             for informer in self.workloads.values()
             for obj in informer.store.list(namespace, is_reverted)
+            if not is_deployment_owned(obj)  # a ReplicaSet carries its Deployment's annotations
         ]
         return st.sort_instrumented(refs)
 

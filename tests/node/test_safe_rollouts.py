@@ -208,7 +208,8 @@ def test_removing_the_mark_retries_once_and_a_second_failure_reverts_again(
     )
     obj = wait_for(lambda: reverted(product, "conflict"), 300, "the retry reverted", interval=1)
     assert not has_injection(obj)
-    assert len(revert_events(product, "conflict")) == 1  # the same event, now with count 2
-    assert revert_events(product, "conflict")[0].get("count", 1) == 2
+    # One Warning per revert (their messages name different pods).
+    events = revert_events(product, "conflict")
+    assert [e["type"] for e in events] == ["Warning", "Warning"]
     assert reverts_metric(product) == 2
     rolled_out(product, namespace, "conflict")

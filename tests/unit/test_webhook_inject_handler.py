@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 from typing import Any
 
@@ -540,3 +541,59 @@ def test_a_lumigo_being_deleted_counts_as_inactive() -> None:
     assert response.message == (
         "The Lumigo object in the 'ns' namespace is not active; resource will not be mutated"
     )
+
+
+# --- safe rollouts: the revert mark -----------------------------------------------------------
+
+
+def reverted(obj: JSON, why: str = "container app of pod p restarted 3 times") -> JSON:
+    out: JSON = json.loads(json.dumps(obj))
+    out["metadata"].setdefault("annotations", {})[constants.ANNOTATION_REVERTED] = why
+    return out
+
+
+def test_a_reverted_workload_is_not_instrumented_again_on_create_or_update() -> None:
+    world = World()
+    obj = reverted(deployment())
+    for operation in ("CREATE", "UPDATE"):
+        before = count("Deployment", "skipped", "reverted")
+        response = world.admit(obj, operation=operation, old=obj if operation == "UPDATE" else None)
+        payload = response.review()["response"]
+        assert "patch" not in payload
+        assert constants.ANNOTATION_REVERTED in payload["status"]["message"]
+        assert count("Deployment", "skipped", "reverted") == before + 1
+    assert world.recorder.events == []
+
+
+def test_removing_the_mark_retries_and_watches_the_new_revision() -> None:
+    world = World()
+    world.handler.clock = lambda: dt.datetime(2026, 11, 25, 10, 0, 0, tzinfo=dt.UTC)
+    old = reverted(deployment())
+    old["metadata"]["generation"] = 7
+    old["spec"]["replicas"] = 2
+    old["status"] = {"observedGeneration": 7, "replicas": 2, "updatedReplicas": 2,
+                     "availableReplicas": 2}  # fmt: skip
+    update = json.loads(json.dumps(old))
+    del update["metadata"]["annotations"][constants.ANNOTATION_REVERTED]
+    out = patched_object(update, world.admit(update, operation="UPDATE", old=old))
+    assert template_of(out)["spec"]["initContainers"][0]["name"] == "lumigo-injector"
+    assert out["metadata"]["annotations"] == {
+        constants.ANNOTATION_INSTRUMENTED_GENERATION: "8",  # the generation this update makes
+        constants.ANNOTATION_INSTRUMENTED_AT: "2026-11-25T10:00:00Z",
+        constants.ANNOTATION_HEALTHY_BEFORE: "true",
+    }
+    # A previous revision that was not fully available is recorded as not healthy.
+    old["status"]["availableReplicas"] = 1
+    out = patched_object(update, World().admit(update, operation="UPDATE", old=old))
+    assert out["metadata"]["annotations"][constants.ANNOTATION_HEALTHY_BEFORE] == "false"
+
+
+def test_an_ordinary_update_or_a_kind_that_does_not_roll_gets_no_rollout_marks() -> None:
+    obj = deployment()
+    out = patched_object(obj, World().admit(obj, operation="UPDATE", old=obj))
+    assert constants.ANNOTATION_INSTRUMENTED_AT not in out["metadata"].get("annotations", {})
+    cron = reverted(workload("CronJob", simple_template()))
+    update = json.loads(json.dumps(cron))
+    del update["metadata"]["annotations"][constants.ANNOTATION_REVERTED]
+    out = patched_object(update, World().admit(update, operation="UPDATE", old=cron))
+    assert constants.ANNOTATION_INSTRUMENTED_AT not in out["metadata"].get("annotations", {})
