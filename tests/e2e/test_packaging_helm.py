@@ -88,6 +88,13 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
                 "image": {"repository": "registry.example.com/lumigo/autotrace", "tag": "v9.9.9"}
             }
         },
+        "safeRollouts": {
+            "revert": False,
+            "revertWindow": "30m",
+            "revertRestarts": 5,
+            "revertUnreadyAfter": "90s",
+            "rolloutTimeout": "1h",
+        },
         "endpoint": {
             "otlp": {"url": "https://otlp.example.com", "logs_url": "https://logs.example.com"}
         },
@@ -235,6 +242,11 @@ def test_non_default_values_are_rendered() -> None:
     injector_name = "acme-tracing-injector-webhook-configuration"
     defaulter_name = "acme-tracing-defaulter-webhook-configuration"
     assert f"--webhook-configurations={injector_name},{defaulter_name}" in container["args"]
+    # Safe rollouts: the revert switch and thresholds.
+    for arg in ("--no-revert", "--revert-window=30m", "--revert-restarts=5",
+                "--revert-unready-after=90s", "--rollout-timeout=1h"):  # fmt: skip
+        assert arg in container["args"]
+    assert "--revert" not in container["args"]
     # The telemetry proxy: where the operator finds it, where it sends, what it is called.
     assert container["args"][-6:] == [
         "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
