@@ -241,6 +241,11 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
         for namespace in (first, second):
             for resource in KINDS:
                 kube.create(resource, workload(resource, resource.plural), namespace)
+            # No controller-manager runs here: report the Deployment rolled out, as it would, so
+            # the operator checks its pods' health before instrumenting it (pods: list).
+            rolled = kube.get(DEPLOYMENTS, DEPLOYMENTS.plural, namespace)
+            rolled["status"] = {"observedGeneration": rolled["metadata"]["generation"]}
+            kube.replace(DEPLOYMENTS, rolled, namespace, subresource="status")
             start_lumigo(cluster, kube, namespace)
             wait_until(partial(all_instrumented, kube, namespace), 60, "instrumented")
             # One namespace at a time: the proxy's configuration Secret is created for the

@@ -66,6 +66,7 @@ def test_readme_settings_snippets_keep_other_defaults(
             "enabled": True,
             "injectLumigoIntoExistingResourcesOnCreation": False,
             "removeLumigoFromResourcesOnDeletion": True,
+            "maxConcurrentRollouts": 5,
         },
     }
     assert spec["infrastructure"] == {"enabled": True, "kubeEvents": {"enabled": False}}
@@ -96,7 +97,7 @@ def test_kubectl_shows_printer_columns(cluster: LocalCluster, crd: Path, namespa
     cluster.kubectl("apply", "-n", namespace, "-f", str(SAMPLE))
     table = cluster.kubectl("get", "lumigoes", "-A")
     header = table.splitlines()[0].split()
-    assert header == ["NAMESPACE", "NAME", "ACTIVE", "ERROR", "AGE"]
+    assert header == ["NAMESPACE", "NAME", "ACTIVE", "ERROR", "ROLLING", "PENDING", "AGE"]
     assert any(line.split()[:2] == [namespace, "lumigo"] for line in table.splitlines()[1:])
     assert "lumigo" in cluster.kubectl("get", "lmg", "-n", namespace, "-o", "name")
 
