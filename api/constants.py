@@ -55,6 +55,11 @@ ANNOTATION_HEALTHY_BEFORE: Final = "operator.lumigo.io/healthy-before-instrument
 ANNOTATION_REVERTED: Final = "operator.lumigo.io/instrumentation-reverted"
 REASON_REVERTED: Final = "LumigoRevertedInstrumentation"
 
+# --- Per-container control (beyond the reference): annotations of the workload ---------------
+ANNOTATION_EXCLUDE_CONTAINERS: Final = "operator.lumigo.io/exclude-containers"
+ANNOTATION_INCLUDE_CONTAINERS: Final = "operator.lumigo.io/include-containers"
+REASON_INVALID_CONTAINERS: Final = "LumigoInvalidContainerSelection"
+
 # --- Event reasons ------------------------------------------------------------------------
 REASON_ADDED: Final = "LumigoAddedInstrumentation"
 REASON_REMOVED: Final = "LumigoRemovedInstrumentation"

@@ -73,8 +73,8 @@ log = logging.getLogger("lumigo.webhook.inject")
 #   result   injected | updated | removed | unchanged | skipped | failed
 #   reason   short machine-readable token, e.g. lumigo, label-opt-in, no-lumigo, not-active,
 #            injection-disabled, opted-out, skip-next-injector, deployment-owned, windows-pod,
-#            job-immutable, being-deleted, reverted, already-instrumented, list-error, invalid-settings,
-#            internal-error
+#            job-immutable, being-deleted, reverted, already-instrumented, list-error,
+#            invalid-settings, internal-error
 INJECTIONS_TOTAL = Counter(
     "lumigo_injections_total",
     "Workload admissions seen by the injector webhook, by outcome and reason.",
@@ -301,6 +301,7 @@ class InjectHandler:
             self._record(subject, events.WARNING, action, trigger, error)
             reason = "invalid-settings" if expected else "internal-error"
             return _Decision(allow(request, CANNOT_INJECT.format(error=error)), "failed", reason)
+        self._warn_about_containers(subject, kind)
         ops = diff(subject.obj, mutated)
         if not ops:
             reason = mutation.skip_reason(subject.obj, kind) or "already-instrumented"
@@ -320,6 +321,14 @@ class InjectHandler:
         self._record(subject, events.NORMAL, action, trigger, None)
         result = "updated" if subject.had_instrumentation else "injected"
         return _Decision(patched(request, ops), result, source.reason)
+
+    def _warn_about_containers(self, subject: _Subject, kind: str) -> None:
+        """A per-container annotation that could not be honoured as written: a Warning event
+        (the workload is admitted all the same, with what could be understood)."""
+        problem = mutation.container_selection(subject.obj, kind).problem
+        if problem is None or subject.request.dry_run:
+            return
+        self._event(subject, events.WARNING, constants.REASON_INVALID_CONTAINERS, problem)
 
     def _settings_for(self, source: _Source, obj: JSON) -> InjectionSettings:
         if source.reason == "lumigo":
@@ -352,6 +361,12 @@ class InjectHandler:
     ) -> None:
         if subject.request.dry_run:
             return  # a dry run must have no side effects (sideEffects: None)
+        self._event(
+            subject, type_, events.reason(action, failed=error is not None),
+            events.message(action, trigger, error),
+        )  # fmt: skip
+
+    def _event(self, subject: _Subject, type_: str, reason: str, message: str) -> None:
         metadata: JSON = {"name": subject.name, "namespace": subject.namespace}
         uid = _metadata(subject.obj).get("uid")
         if isinstance(uid, str) and uid:
@@ -362,13 +377,7 @@ class InjectHandler:
             "metadata": metadata,
         }
         try:
-            self.recorder.event(
-                involved,
-                type_,
-                events.reason(action, failed=error is not None),
-                events.message(action, trigger, error),
-                self.component,
-            )
+            self.recorder.event(involved, type_, reason, message, self.component)
         except Exception:
             log.exception("recording an event failed", extra=_log_fields(subject))
 

@@ -52,6 +52,7 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import LumigoSpec
+from webhook import containers
 from webhook.admission.jsonpatch import copy_json, equal, same
 from webhook.admission.quantity import parse_quantity, same_quantity
 from webhook.admission.review import quote
@@ -421,15 +422,29 @@ def inject(obj: Mapping[str, Any], settings: InjectionSettings, kind: str | None
         return result
     template = _get(result, pod_template_path(kind))
     pod_spec = template["spec"]
+    traced = container_selection(result, kind).traced
+    if not traced:  # every container left out: nothing of ours in the pod at all
+        if _remove_pod_spec(pod_spec):
+            _drop_label(result)
+            _drop_label(template)
+        return result
     before = copy_json(pod_spec)
-    _inject_pod_spec(pod_spec, settings)
+    _inject_pod_spec(pod_spec, settings, traced)
     if not same(before, pod_spec):
         _set_label(result, settings.label_value)
         _set_label(template, settings.label_value)
     return result
 
 
-def _inject_pod_spec(pod_spec: JSON, settings: InjectionSettings) -> None:
+def container_selection(obj: Mapping[str, Any], kind: str | None = None) -> containers.Selection:
+    """Which containers of the (valid) workload to trace, by its per-container annotations."""
+    pod_spec = _get(obj, (*pod_template_path(_kind(obj, kind)), "spec"))
+    names = [str(c.get("name")) for c in (pod_spec or {}).get("containers") or []]
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return containers.select(annotations, names)
+
+
+def _inject_pod_spec(pod_spec: JSON, settings: InjectionSettings, traced: frozenset[str]) -> None:
     volume = {
         "name": constants.INJECTOR_VOLUME,
         "emptyDir": {"sizeLimit": constants.INJECTOR_VOLUME_SIZE_LIMIT},
@@ -444,6 +459,10 @@ def _inject_pod_spec(pod_spec: JSON, settings: InjectionSettings) -> None:
         "mountPath": constants.LUMIGO_MOUNT_PATH,
     }
     for container in pod_spec.get("containers") or []:
+        if container["name"] not in traced:  # left out (again, or since): nothing of ours
+            _drop(container, "volumeMounts", _is_our_mount)
+            _restore_env(container)
+            continue
         _upsert(_list(container, "volumeMounts"), "mountPath", mount)
         env = _list(container, "env")
         _inject_ld_preload(env)

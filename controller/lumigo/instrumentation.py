@@ -150,7 +150,24 @@ class Instrumenter:
                 set_annotations(mutated, marks(obj, self.clock(), healthy))
             return mutated
 
-        return self._write(target, change, "add", trigger, current=current)
+        written: list[tuple[JSON, str | None]] = []  # the last attempt's object and problem
+
+        def checked(obj: JSON) -> JSON | None:
+            result = change(obj)
+            if result is not None:
+                written.append((result, mutation.container_selection(result).problem))
+            return result
+
+        outcome = self._write(target, checked, "add", trigger, current=current)
+        if outcome.changed and written:
+            # The per-container annotations could not be honoured as written: say so.
+            obj, problem = written[-1]
+            if problem is not None:
+                self.recorder.event(
+                    obj, events.WARNING, constants.REASON_INVALID_CONTAINERS, problem,
+                    self.component,
+                )  # fmt: skip
+        return outcome
 
     def uninstrument(self, target: Target, trigger: str, component: str | None = None) -> Outcome:
         if target.resource is JOBS:

@@ -1,11 +1,12 @@
 """Automatic revert of instrumentation that broke a workload.
 
 After the controller instruments an existing Deployment, StatefulSet or DaemonSet that was healthy,
-it watches the pods of the revision its change produced for `window` seconds. If they crash-loop,
-fail their `lumigo-injector` init container or never become ready (`health.Thresholds`), the
-workload goes back to its un-instrumented pod template in one conflict-safe write that also marks
-it (`operator.lumigo.io/instrumentation-reverted`, saying what was observed): neither the webhook
-nor the controller instruments it again until a user removes the mark. A Warning event, the
+it watches the pods of the revision its change produced for `window` seconds, whenever the
+workload is not fully available. If they crash-loop, fail their `lumigo-injector` init container
+or never become ready (`health.Thresholds`), the workload goes back to its un-instrumented pod
+template in one conflict-safe write that also marks it (`operator.lumigo.io/instrumentation-
+reverted`, saying what was observed): neither the webhook nor the controller instruments it again
+until a user removes the mark. A Warning event, the
 Lumigo's `status.revertedResources` and `lumigo_instrumentation_reverts_total` tell about it.
 
 Never reverted: a workload that was not healthy before (`healthy-before-instrumentation: false`),
@@ -32,7 +33,13 @@ from controller.lumigo.instrumentation import (
     Target,
     is_labelled_instrumented,
 )
-from controller.lumigo.rollouts import instrumented_at, is_our_revision, is_reverted, our_annotation
+from controller.lumigo.rollouts import (
+    instrumented_at,
+    is_complete,
+    is_our_revision,
+    is_reverted,
+    our_annotation,
+)
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import PODS, ApiError
 from webhook import events, mutation
@@ -103,10 +110,14 @@ class Reverter:
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
     def watched(self, cached: Mapping[str, Any], now: dt.datetime) -> bool:
-        """A cached workload whose new pods are still under watch."""
+        """A cached workload whose new pods are under watch and may be in trouble. A workload
+        whose rollout is complete with every replica available has no failing pod (a crash or a
+        failed readiness probe makes one unavailable, which changes the cached state and wakes
+        the controller): only the others cost a pod LIST."""
         started = instrumented_at(cached)
         return (
             cached.get("kind") in ROLLING_KINDS
+            and not is_complete(cached)
             and is_labelled_instrumented(dict(cached))
             and not is_reverted(cached)
             and our_annotation(cached, constants.ANNOTATION_HEALTHY_BEFORE) == "true"

@@ -37,11 +37,14 @@ _OUR_ANNOTATIONS: Final = (
 
 
 def state(obj: JSON) -> JSON:
-    """The projection extra: our annotations, and for rolling kinds whether the rollout is
-    complete, so the controller counts rollouts from its cache and wakes when one completes."""
+    """The projection extra: for a workload carrying our annotations, those and (rolling kinds)
+    whether its rollout is complete, so the controller counts rollouts from its cache and wakes
+    when one completes. Nothing for every other workload: the cache stays as small as before."""
     ours = {k: str(v) for k, v in annotations_of(obj).items() if k in _OUR_ANNOTATIONS}
+    if not ours:
+        return {}
     if obj.get("kind") not in ROLLING_KINDS:
-        return {STATE: {"annotations": ours}} if ours else {}
+        return {STATE: {"annotations": ours}}
     generation = as_int((obj.get("metadata") or {}).get("generation"))
     return {
         STATE: {"annotations": ours, "generation": generation, "complete": rollout_complete(obj)}
@@ -50,6 +53,12 @@ def state(obj: JSON) -> JSON:
 
 def _state(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get(STATE) or {}
+
+
+def is_complete(obj: Mapping[str, Any]) -> bool:
+    """A cached workload whose controller reports its rollout complete and every replica
+    available (False when the cache has no rollout state for it)."""
+    return bool(_state(obj).get("complete", False))
 
 
 def our_annotation(obj: Mapping[str, Any], key: str) -> str | None:

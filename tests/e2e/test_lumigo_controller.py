@@ -419,3 +419,33 @@ def webhook_injects(kube: KubeClient, ns: str) -> bool:
     body = workload(DEPLOYMENTS, "probe")
     created = kube.request("POST", DEPLOYMENTS.path(ns), params={"dryRun": "All"}, body=body)
     return "lumigo-injector" in json.dumps(created)
+
+
+# --- per-container control (issue 19, item 3) ----------------------------------------------
+
+
+def test_the_controller_leaves_the_excluded_containers_of_existing_workloads_untraced(
+    operator: OperatorProcess, full_cluster: LocalCluster, kube: KubeClient
+) -> None:
+    ns = operator.new_namespace()
+    body = workload(DEPLOYMENTS, "web")
+    body["metadata"]["annotations"] = {constants.ANNOTATION_EXCLUDE_CONTAINERS: "web, sidecar"}
+    kube.create(DEPLOYMENTS, body, ns)
+    create_token_secret(kube, ns, TOKEN)
+    full_cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+
+    def labelled() -> bool:
+        labels = kube.get(DEPLOYMENTS, "web", ns)["metadata"].get("labels") or {}
+        return constants.LABEL_AUTO_TRACE in labels
+
+    wait_until(labelled, 60, "web instrumented")
+    containers = kube.get(DEPLOYMENTS, "web", ns)["spec"]["template"]["spec"]["containers"]
+    envs = {c["name"]: {e["name"] for e in c.get("env") or []} for c in containers}
+    assert "LD_PRELOAD" in envs["app"]
+    assert envs["web"] == set()
+    # `sidecar` is no container of this workload: a Warning says so.
+    wait_until(
+        lambda: has_event(kube, ns, "web", constants.REASON_INVALID_CONTAINERS, "'sidecar'"),
+        30,
+        "the Warning about the unknown container",
+    )

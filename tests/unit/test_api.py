@@ -109,7 +109,8 @@ def test_every_crd_field_is_known_to_the_model_and_vice_versa() -> None:
     assert set(crd_fields) == set(paths)
     for path, prop in crd_fields.items():
         value = paths[path]
-        expected_type = {bool: "boolean", int: "integer", str: "string", dict: "object"}[type(value)]
+        types = {bool: "boolean", int: "integer", str: "string", dict: "object"}
+        expected_type = types[type(value)]
         assert prop["type"] == expected_type, path
         if isinstance(value, bool):
             assert prop["default"] == value, path

@@ -11,7 +11,7 @@ import pytest
 from api import constants
 from api.marks import marks, rollout_complete
 from controller.lumigo import health
-from controller.lumigo.revert import selector_string
+from controller.lumigo.revert import Reverter, selector_string
 from controller.lumigo.rollouts import Budget, is_rolling_because_of_us, state
 
 JSON = dict[str, Any]
@@ -197,3 +197,20 @@ def test_selectors_become_list_queries() -> None:
     )
     assert selector_string({}) is None
     assert selector_string(None) is None
+
+
+def test_only_a_watched_workload_that_is_not_fully_available_costs_a_pod_list() -> None:
+    reverter = Reverter(client=None, recorder=None, component="c", window=600)  # type: ignore[arg-type]
+    labelled = {"lumigo.auto-trace": "lumigo-operator.v1"}
+
+    def watched(obj: JSON, healthy_before: str = "true", at: dt.datetime = NOW) -> bool:
+        obj = ours(obj, obj["metadata"]["generation"], at)
+        obj["metadata"]["annotations"][constants.ANNOTATION_HEALTHY_BEFORE] = healthy_before
+        obj["metadata"]["labels"] = labelled
+        projected = {**cached(obj), "metadata": {"name": "web", "labels": labelled}}
+        return reverter.watched(projected, NOW + dt.timedelta(seconds=60))
+
+    assert watched(deployment(generation=2, observedGeneration=2, replicas=2, updatedReplicas=2))
+    assert not watched(done())  # every replica available: nothing can be failing
+    assert not watched(deployment(generation=2), healthy_before="false")
+    assert not watched(deployment(generation=2), at=NOW - dt.timedelta(seconds=601))
