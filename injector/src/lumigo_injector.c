@@ -1,5 +1,6 @@
 /*
- * lumigo_injector.so: activates the Lumigo OpenTelemetry distros in Python and Node.js processes.
+ * lumigo_injector.so: activates the Lumigo OpenTelemetry distros in Python and Node.js processes,
+ * and the OpenTelemetry Java agent in JVMs.
  *
  * Loaded through LD_PRELOAD=/opt/lumigo/injector/lumigo_injector.so. An ELF constructor runs
  * before main() and, only when the process is a CPython or Node.js interpreter, edits the process
@@ -7,6 +8,13 @@
  *
  *   python*  PYTHONPATH   = <payload>/python/bootstrap[:<user value>]
  *   node     NODE_OPTIONS = --require <payload>/nodejs/lumigo-bootstrap.js[ <user value>]
+ *   java     JAVA_TOOL_OPTIONS = [<user value> ]-javaagent:<payload>/java/opentelemetry-javaagent.jar
+ *            and, where the user has not set them, the agent's OTEL_* exporter settings: traces
+ *            (and logs if LUMIGO_ENABLE_LOGS=true) to LUMIGO_ENDPOINT / LUMIGO_LOGS_ENDPOINT with
+ *            `Authorization: LumigoToken <token>`, metrics off. A JVM that already has a
+ *            -javaagent (options or command line) keeps its own and gets nothing of ours. The
+ *            token goes into OTEL_EXPORTER_OTLP_HEADERS, never into JAVA_TOOL_OPTIONS, which the
+ *            JVM prints at start-up.
  *
  * Why setenv at start-up and not a getenv() interposer: CPython copies `environ` into os.environ
  * and Node reads it for process.env, so an edited environment is seen through getenv(), environ
@@ -42,8 +50,13 @@ extern int setenv(const char *name, const char *value, int overwrite) __attribut
 #define PY_BOOTSTRAP "/python/bootstrap"
 #define PY_BOOTSTRAP_FILE "/python/bootstrap/sitecustomize.py"
 #define NODE_BOOTSTRAP "/nodejs/lumigo-bootstrap.js"
+#define JAVA_AGENT "/java/opentelemetry-javaagent.jar"
+#define JAVAAGENT_FLAG "-javaagent:"
 
 #if defined(__x86_64__)
+#define SYS_read 0
+#define SYS_close 3
+#define SYS_openat 257
 #define SYS_write 1
 #define SYS_readlinkat 267
 #define SYS_faccessat 269
@@ -57,6 +70,9 @@ static long sys4(long n, long a, long b, long c, long d) {
     return ret;
 }
 #elif defined(__aarch64__)
+#define SYS_read 63
+#define SYS_close 57
+#define SYS_openat 56
 #define SYS_write 64
 #define SYS_readlinkat 78
 #define SYS_faccessat 48
@@ -135,11 +151,13 @@ static void debug(int enabled, const char *a, const char *b) {
 
 /* ---- what kind of process is this? ---- */
 
-enum kind { OTHER, PYTHON, NODE };
+enum kind { OTHER, PYTHON, NODE, JAVA };
 
-/* python, python3, python3.12, python3.13t, python3.11d; node, nodejs. By the real executable. */
+/* python, python3, python3.12, python3.13t, python3.11d; node, nodejs; java. By the real
+   executable. */
 static enum kind classify(const char *base) {
     if (str_eq(base, "node") || str_eq(base, "nodejs")) return NODE;
+    if (str_eq(base, "java")) return JAVA;
     if (!starts_with(base, "python")) return OTHER;
     const char *p = base + 6;
     while ((*p >= '0' && *p <= '9') || *p == '.') p++;
@@ -277,6 +295,97 @@ static void inject_node(int dbg, const char *root) {
     if (setenv("NODE_OPTIONS", value, 1) == 0) debug(dbg, "node: NODE_OPTIONS=", value);
 }
 
+static int contains(const char *s, const char *needle) {
+    for (; s && *s; s++)
+        if (starts_with(s, needle)) return 1;
+    return 0;
+}
+
+/* Any argument of this process's command line that starts with `prefix`? */
+static int cmdline_has(const char *prefix) {
+    char args[VALUE_BUF];
+    long fd = sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/cmdline", 0 /* O_RDONLY */, 0);
+    if (fd < 0) return 0;
+    long n = sys4(SYS_read, fd, (long)args, (long)(sizeof args - 1), 0);
+    sys4(SYS_close, fd, 0, 0, 0);
+    if (n <= 0) return 0;
+    args[n] = 0;
+    for (long i = 0; i < n; i += (long)str_len(args + i) + 1)
+        if (starts_with(args + i, prefix)) return 1;
+    return 0;
+}
+
+/* Only what an HTTP header value may hold unquoted, and no ',' or '=' (the OTLP headers list). */
+static int token_is_plain(const char *token) {
+    for (const char *p = token; *p; p++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static void set_default(int dbg, const char *name, const char *value) {
+    if (getenv(name)) {
+        debug(dbg, "java: kept the user's ", name);
+        return;
+    }
+    setenv(name, value, 0);
+}
+
+static void inject_java(int dbg, const char *root, const char *token) {
+    char file[PATH_BUF], value[VALUE_BUF], headers[PATH_BUF];
+    struct buf f = {file, 0, sizeof file, 1};
+    buf_add(&f, root);
+    buf_add(&f, JAVA_AGENT);
+    if (!f.ok || !readable(file)) {
+        debug(dbg, "java: no payload at ", root);
+        return;
+    }
+    if (contains(file, " ") || contains(file, "\t")) {
+        debug(dbg, "java: payload path has a space (JAVA_TOOL_OPTIONS splits on it): ", file);
+        return;
+    }
+    const char *old = getenv("JAVA_TOOL_OPTIONS");
+    if (contains(old, JAVAAGENT_FLAG) || contains(getenv("JDK_JAVA_OPTIONS"), JAVAAGENT_FLAG) ||
+        contains(getenv("_JAVA_OPTIONS"), JAVAAGENT_FLAG) || cmdline_has(JAVAAGENT_FLAG)) {
+        debug(dbg, "java: the JVM already has a -javaagent; left as it is", 0);
+        return;
+    }
+    if (!token_is_plain(token)) {
+        debug(dbg, "java: LUMIGO_TRACER_TOKEN has characters a header cannot carry; not traced", 0);
+        return;
+    }
+    struct buf v = {value, 0, sizeof value, 1}, h = {headers, 0, sizeof headers, 1};
+    if (old && *old) {
+        buf_add(&v, old);
+        buf_add_n(&v, " ", 1);
+    }
+    buf_add(&v, JAVAAGENT_FLAG);
+    buf_add(&v, file);
+    buf_add(&h, "Authorization=LumigoToken%20");
+    buf_add(&h, token);
+    if (!v.ok || !h.ok) {
+        debug(dbg, "java: JAVA_TOOL_OPTIONS too long, left unchanged", 0);
+        return;
+    }
+    const char *traces = getenv("LUMIGO_ENDPOINT");
+    const char *logs = getenv("LUMIGO_LOGS_ENDPOINT");
+    const char *enable_traces = getenv("LUMIGO_ENABLE_TRACES");
+    const char *enable_logs = getenv("LUMIGO_ENABLE_LOGS");
+    set_default(dbg, "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+    set_default(dbg, "OTEL_EXPORTER_OTLP_HEADERS", headers);
+    if (traces && *traces) set_default(dbg, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces);
+    if (logs && *logs) set_default(dbg, "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", logs);
+    set_default(dbg, "OTEL_TRACES_EXPORTER",
+                enable_traces && str_eq(enable_traces, "false") ? "none" : "otlp");
+    set_default(dbg, "OTEL_LOGS_EXPORTER",
+                enable_logs && str_eq(enable_logs, "true") ? "otlp" : "none");
+    set_default(dbg, "OTEL_METRICS_EXPORTER", "none");
+    if (setenv("JAVA_TOOL_OPTIONS", value, 1) == 0) debug(dbg, "java: JAVA_TOOL_OPTIONS=", value);
+}
+
 __attribute__((constructor)) static void lumigo_injector_init(void) {
     /* No libc in this process (or one without these symbols): do nothing at all. */
     if (!getenv || !setenv) return;
@@ -291,7 +400,7 @@ __attribute__((constructor)) static void lumigo_injector_init(void) {
     exe[n] = 0;
     enum kind kind = classify(base_name(exe));
     if (kind == OTHER) {
-        debug(dbg, "not a Python or Node.js process: ", exe);
+        debug(dbg, "not a Python, Node.js or Java process: ", exe);
         return;
     }
     const char *token = getenv("LUMIGO_TRACER_TOKEN");
@@ -305,6 +414,8 @@ __attribute__((constructor)) static void lumigo_injector_init(void) {
     if (!root.ok) return;
     if (kind == PYTHON)
         inject_python(dbg, root_buf);
-    else
+    else if (kind == NODE)
         inject_node(dbg, root_buf);
+    else
+        inject_java(dbg, root_buf, token);
 }

@@ -35,7 +35,15 @@ SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"
 SAMPLE_TOKEN = "t_123456789012345678901"
 RELEASE, OPERATOR_NS = "lumigo", "lumigo-system"  # the seed README's names
 CLUSTER_NAME = "node-e2e"
-IMAGES = ("operator", "autotrace", "telemetry-proxy", "python-app", "node-app", "musl-app")
+IMAGES = (
+    "operator",
+    "autotrace",
+    "telemetry-proxy",
+    "python-app",
+    "node-app",
+    "jvm-app",
+    "musl-app",
+)
 JSON = dict[str, Any]
 
 

@@ -340,6 +340,37 @@ def test_a_restricted_namespace_with_run_as_non_root_per_container_is_traced(
     spans_arrive(product, ns, pod)
 
 
+def test_a_jvm_app_is_traced_by_the_opentelemetry_java_agent(
+    product: Product, variants_ns: str
+) -> None:
+    """Debian's OpenJDK 17 in a container: the injector activates the payload's Java agent."""
+    pod = run_variant(product, variants_ns, deployment("jvm", product.images["jvm-app"]))
+    described = json.loads(http_get(product, variants_ns, pod["metadata"]["name"], "/"))
+    assert described["traced"] is True
+    assert described["env"]["JAVA_TOOL_OPTIONS"] == (
+        "-javaagent:/opt/lumigo/java/opentelemetry-javaagent.jar"
+    )
+    spans_arrive(product, variants_ns, pod, language="java")
+
+
+def test_a_jvm_with_its_own_javaagent_keeps_it_and_works(
+    product: Product, variants_ns: str
+) -> None:
+    own = "-javaagent:/app/own-agent.jar"
+    obj = with_container(
+        deployment("jvm-own-agent", product.images["jvm-app"]),
+        env=[{"name": "PORT", "value": "8080"}, {"name": "JAVA_TOOL_OPTIONS", "value": own}],
+    )
+    pod = run_variant(product, variants_ns, obj)
+    name = pod["metadata"]["name"]
+    for _ in range(5):
+        described = json.loads(http_get(product, variants_ns, name, "/"))
+    assert described["env"]["JAVA_TOOL_OPTIONS"] == own
+    assert "own agent loaded" in product.kubectl("logs", "-n", variants_ns, name)
+    time.sleep(10)  # longer than the agent's batch delay (5 s): nothing of ours was exported
+    assert not [s for s in product.sink.spans() if s.resource.get("k8s.pod.name") == name]
+
+
 def test_an_app_with_its_own_ld_preload_and_pythonpath_is_traced_and_keeps_them(
     product: Product, variants_ns: str
 ) -> None:
