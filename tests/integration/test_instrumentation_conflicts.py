@@ -32,7 +32,10 @@ class OtherWriter(KubeClient):
         skip = labels.get(constants.LABEL_AUTO_TRACE) == constants.AUTO_TRACE_SKIP_NEXT_INJECTOR
         if skip and self.bumps > 0:
             self.bumps -= 1
-            bump = {"metadata": {"annotations": {"deployment.kubernetes.io/revision": "2"}}}
+            # A value no other writer sets: with a controller-manager running, the Deployment
+            # controller may already have written revision "2", and a no-op patch would not
+            # change the resourceVersion (no conflict to meet).
+            bump = {"metadata": {"annotations": {"test.lumigo.io/bump": str(self.bumps)}}}
             super().merge_patch(resource, name, bump, namespace)
         return obj
 
