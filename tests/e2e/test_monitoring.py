@@ -1,0 +1,133 @@
+"""The operator's alerts and dashboard (issue 17, item 7): the chart ships them behind values, every
+expression parses as PromQL (promql-parser, the Rust parser of the Prometheus grammar), and every
+metric they name is one the real operator process exports on /metrics (the telemetry proxy's
+`otelcol_*` series aside, which only the alerts use)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import promql_parser
+import pytest
+import yaml
+
+from controller.runtime.kube import KubeClient
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
+from tests.e2e.packaging_support import CHART, find, load_docs, render_chart
+
+JSON = dict[str, Any]
+RULES = CHART / "files" / "monitoring" / "lumigo-operator-rules.yaml"
+DASHBOARD = CHART / "files" / "monitoring" / "lumigo-operator-dashboard.json"
+ON = {"monitoring": {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+                     "grafanaDashboard": {"enabled": True}}}  # fmt: skip
+
+
+def metric_names(node: Any) -> set[str]:
+    """Metric names a parsed PromQL expression selects (by name or by a __name__ matcher)."""
+    kind = type(node).__name__
+    if kind == "MatrixSelector":
+        return metric_names(node.vector_selector)
+    if kind == "VectorSelector":
+        if node.name:
+            return {node.name}
+        return {f"~{m.value}" for m in node.matchers.matchers if m.name == "__name__"}
+    names: set[str] = set()
+    for attr in ("expr", "lhs", "rhs", "param"):
+        child = getattr(node, attr, None)
+        if child is not None and not isinstance(child, (int, float, str)):
+            names |= metric_names(child)
+    for arg in getattr(node, "args", None) or []:
+        names |= metric_names(arg)
+    return names
+
+
+def rule_exprs() -> dict[str, str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {r["alert"]: r["expr"] for g in groups for r in g["rules"]}
+
+
+def dashboard_exprs() -> dict[str, str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return {p["title"]: t["expr"] for p in panels for t in p["targets"]}
+
+
+def test_the_chart_ships_them_only_when_asked() -> None:
+    kinds = {d["kind"] for d in load_docs(render_chart("lumigo", "lumigo-system"))}
+    assert "PrometheusRule" not in kinds
+    docs = load_docs(render_chart("lumigo", "lumigo-system", ON))
+    rule = find(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    dashboard = find(docs, "ConfigMap", "lumigo-lumigo-operator-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["lumigo-operator.json"]) == json.loads(
+        DASHBOARD.read_text()
+    )
+
+
+def test_every_alert_is_valid_promql_with_a_severity_and_a_summary() -> None:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    alerts = [r for g in groups for r in g["rules"]]
+    assert {a["alert"] for a in alerts} >= {
+        "LumigoOperatorWebhookCertificateExpiresSoon", "LumigoOperatorReconcileErrors",
+        "LumigoOperatorWebhookSlow", "LumigoOperatorWebhookErrors",
+        "LumigoTelemetryProxyExportFailures",
+    }  # fmt: skip
+    for alert in alerts:
+        promql_parser.parse(alert["expr"])  # raises on a syntax error
+        assert alert["labels"]["severity"] in {"info", "warning", "critical"}, alert["alert"]
+        assert alert["annotations"]["summary"], alert["alert"]
+        if "for" in alert:
+            assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
+    with pytest.raises(ValueError):  # the parser does reject bad PromQL
+        promql_parser.parse("sum by (le (rate(x[5m]))")
+
+
+def test_every_dashboard_query_is_valid_promql() -> None:
+    exprs = dashboard_exprs()
+    assert len(exprs) >= 10
+    for title, expr in exprs.items():
+        assert metric_names(promql_parser.parse(expr)), title
+
+
+@pytest.fixture(scope="module")
+def exported(cluster: LocalCluster, kube: KubeClient, crd: Path) -> set[str]:
+    """The metric families the real operator process exports, as sample names."""
+    op = OperatorProcess(cluster, kube).setup()
+    op.start().wait_ready()
+    try:
+        wait_until(lambda: op.probe("/metrics")[0] == 200, 30, "/metrics")
+        text = op.probe("/metrics")[1]
+    finally:
+        op.teardown()
+    names: set[str] = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[:2] == ["#", "TYPE"]:
+            name, kind = parts[2], parts[3]
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+            names |= {name + s for s in suffixes.get(kind, [""])}
+            names.add(name)
+    return names
+
+
+def test_every_metric_the_dashboard_and_alerts_name_is_exported(exported: set[str]) -> None:
+    queries = {**dashboard_exprs(), **rule_exprs()}
+    missing = {}
+    for where, expr in queries.items():
+        for name in metric_names(promql_parser.parse(expr)):
+            if name.startswith("~otelcol_") or name.startswith("otelcol_"):
+                continue  # the telemetry proxy's own metrics (its :8888), alerts only
+            if name not in exported:
+                missing[where] = name
+    assert not missing, f"not exported by the operator: {missing}"
+    # The dashboard names nothing of the proxy's.
+    assert not any(
+        n.lstrip("~").startswith("otelcol_")
+        for expr in dashboard_exprs().values()
+        for n in metric_names(promql_parser.parse(expr))
+    )
