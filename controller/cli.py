@@ -1,4 +1,4 @@
-"""The `lumigo-operator` command: `run`, `uninstall`, `version`.
+"""The `lumigo-operator` command: `run`, `uninstall`, `wait-for-webhook`, `version`.
 
 Errors exit non-zero with one line that says what went wrong (no stack trace for expected
 failures such as an unreachable API server or a missing kubeconfig).
@@ -36,6 +36,17 @@ def _parser() -> argparse.ArgumentParser:
                            help="how long to wait for finalizers (default 120s)")  # fmt: skip
     uninstall.add_argument("--log-level", default="info")
     uninstall.add_argument("--operator-version", default=__version__)
+    wait = sub.add_parser(
+        "wait-for-webhook",
+        help="wait until the API server reaches the Lumigo defaulter webhook (Helm quick-start "
+        "hook: a Lumigo created earlier would be refused)",
+    )
+    wait.add_argument(
+        "--namespace", required=True, help="a namespace the webhook serves (a Lumigo goes there)"
+    )
+    wait.add_argument("--kubeconfig", default=None)
+    wait.add_argument("--timeout", type=parse_duration, default=180.0)
+    wait.add_argument("--log-level", default="info")
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -53,12 +64,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             from controller.operator import run  # noqa: PLC0415 - heavy imports only for run
 
             return run(run_options(args))
+        if args.command == "wait-for-webhook":
+            return _wait_for_webhook(args)
         return _uninstall(args)
     except ApiError as err:
         print(f"lumigo-operator {args.command}: Kubernetes API error: {err}", file=sys.stderr)
     except (OSError, ValueError, TimeoutError) as err:
         print(f"lumigo-operator {args.command}: {err}", file=sys.stderr)
     return 1
+
+
+def _wait_for_webhook(args: argparse.Namespace) -> int:
+    from controller.lumigo.admission_probe import wait_until_admitted  # noqa: PLC0415
+    from controller.runtime.kube import KubeClient  # noqa: PLC0415
+
+    client = KubeClient.from_env(args.kubeconfig)
+    took = wait_until_admitted(client, args.namespace, args.timeout)
+    print(f"lumigo-operator wait-for-webhook: a Lumigo in {args.namespace} is admitted "
+          f"(after {took:.1f} s)")  # fmt: skip
+    return 0
 
 
 def _uninstall(args: argparse.Namespace) -> int:

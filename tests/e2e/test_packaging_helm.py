@@ -297,6 +297,17 @@ def test_non_default_values_are_rendered() -> None:
         "tracing": {"enabled": True},
         "logging": {"enabled": True},
     }
+    # Before it (lower weight), a hook Job waits until the API server reaches the defaulter.
+    wait = find(docs, "Job", "acme-tracing-quickstart-hook")
+    assert int(wait["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        lumigo["metadata"]["annotations"].get("helm.sh/hook-weight", "0")
+    )
+    command = wait["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["lumigo-operator", "wait-for-webhook", "--namespace=my-app"]
+    role = find(docs, "ClusterRole", "acme-tracing-quickstart-hook")
+    assert role["rules"] == [
+        {"apiGroups": ["operator.lumigo.io"], "resources": ["lumigoes"], "verbs": ["create"]}
+    ]
 
 
 def test_token_appears_only_in_its_secret(cluster: LocalCluster, tmp_path: Path) -> None:
