@@ -10,7 +10,7 @@ import json
 import uuid
 from typing import Any
 
-from tests.e2e.packaging_support import CHART, HelmRelease, get_json
+from tests.e2e.packaging_support import CHART, ROOT, HelmRelease, get_json
 from tests.node.conftest import NodeHolder
 from tests.node.product import (
     OPERATOR_NS,
@@ -27,6 +27,7 @@ from tests.node.product import (
 JSON = dict[str, Any]
 TOKEN = f"t_{uuid.uuid4().hex[:21]}"
 OWN_TOKEN = f"t_{uuid.uuid4().hex[:21]}"
+SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"
 SYSTEM = {"kube-system", "kube-public", "kube-node-lease", OPERATOR_NS}
 
 
@@ -80,6 +81,12 @@ def test_all_namespaces_get_a_lumigo_on_install_and_new_ones_on_upgrade(
             product.new_namespace("team-c")
             product.new_namespace("own")
             apply_readme(product, "own", OWN_TOKEN)
+            # The seed README's sample, labelled app.kubernetes.io/instance=lumigo (the release's
+            # name), with a Secret of another name: still the user's own.
+            product.new_namespace("sample")
+            sample = SAMPLE.read_text().replace("t_123456789012345678901", OWN_TOKEN)
+            sample = sample.replace("lumigo-credentials", "my-token")
+            product.kubectl("apply", "-n", "sample", "-f", "-", input=sample)
             own_uid = lumigoes(product)["own"]["metadata"]["uid"]
             release.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--wait",
                          "--timeout", "180s")  # fmt: skip
@@ -93,6 +100,8 @@ def test_all_namespaces_get_a_lumigo_on_install_and_new_ones_on_upgrade(
             assert "meta.helm.sh/release-name" not in (own_secret["metadata"].get("annotations")
                                                        or {})  # fmt: skip
             assert "untraced" not in after
+            secrets = get_json(cluster, "secrets", "-n", "sample")["items"]
+            assert [x["metadata"]["name"] for x in secrets] == ["my-token"]  # nothing of ours
             assert not SYSTEM & set(after)
             print(json.dumps(sorted(after)))
         finally:
