@@ -42,6 +42,7 @@ from controller.lumigo.rollouts import (
 )
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import PODS, ApiError
+from controller.runtime.selectors import selector_string
 from webhook import events, mutation
 
 log = logging.getLogger("lumigo.revert")
@@ -53,25 +54,6 @@ REVERTS_TOTAL = Counter(
     "Workloads whose instrumentation was reverted because their new pods failed.",
     ["namespace", "kind"],
 )
-
-
-def selector_string(selector: Mapping[str, Any] | None) -> str | None:
-    """A LabelSelector as a list query's labelSelector; None if it selects nothing we can tell.
-    Keys and values were validated by the API server (no commas or parentheses)."""
-    if not selector:
-        return None
-    terms = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
-    for expr in selector.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        if op == "In":
-            terms.append(f"{key} in ({','.join(values)})")
-        elif op == "NotIn":
-            terms.append(f"{key} notin ({','.join(values)})")
-        elif op == "Exists":
-            terms.append(str(key))
-        elif op == "DoesNotExist":
-            terms.append(f"!{key}")
-    return ",".join(terms) or None
 
 
 def revert_message(kind: str, name: str, problem: str) -> str:

@@ -5,7 +5,8 @@ resync, for token rotations: the operator may GET Secrets but not watch them) re
 set of monitored namespaces, renders the configuration (`controller.telemetry.config`), writes it
 into a Secret (it holds tokens, so never a ConfigMap), and rolls the proxy Deployment by changing
 a pod-template annotation to the configuration's hash — only when the rendered text changed, so
-an unchanged set never restarts anything.
+an unchanged set never restarts anything. Under OLM, which undoes template changes, the proxy's
+outdated pods are deleted instead (`controller.telemetry.restart`).
 
 Failures never propagate: an API error aborts the pass before anything is written (a transient
 Secret read error must not drop a namespace's pipeline and restart the proxy) and the controller
@@ -16,6 +17,7 @@ reports why in that Lumigo's status.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import logging
 from dataclasses import KW_ONLY, dataclass, field, replace
@@ -33,6 +35,7 @@ from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
 from controller.runtime.singlekey import single_key_controller, to_key
 from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
+from controller.telemetry.restart import PodRestarter, is_olm_managed
 
 log = logging.getLogger("lumigo.telemetry")
 
@@ -44,6 +47,7 @@ CONFIG_KEY = "config.yaml"
 MAX_CONFIG_BYTES = 1_000_000
 MANAGED_BY = {"app.kubernetes.io/managed-by": "lumigo-operator"}
 BASE_BACKOFF = 1.0  # seconds after a first failure, doubling up to MAX_BACKOFF
+RESTART_POLL = 2.0  # seconds between steps of a pod-by-pod restart (OLM)
 MAX_BACKOFF = 60.0
 
 SYNCS = Counter(
@@ -122,6 +126,7 @@ class TelemetryProxyReconciler:
     # namespace -> last logged reason it is left out
     _reported: dict[str, str] = field(default_factory=dict, init=False)
     _deployment_missing: bool = field(default=False, init=False)
+    _restart_pending: bool = field(default=False, init=False)
 
     # -- loop -----------------------------------------------------------------------------------
     def controller(self) -> Controller:
@@ -145,6 +150,8 @@ class TelemetryProxyReconciler:
         except Exception:
             SYNCS.labels("error").inc()
             raise  # the controller logs it and retries with backoff
+        if self._restart_pending:
+            return Result(requeue_after=min(RESTART_POLL, self.resync_period))
         return Result(requeue_after=self.resync_period)
 
     # -- one pass -------------------------------------------------------------------------------
@@ -165,8 +172,14 @@ class TelemetryProxyReconciler:
         check_size(text, len(namespaces))
         digest = config_hash(text)
         deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
-        changed = self._apply_secret(text, digest, deployment)
-        rolled = self._roll(deployment, digest)
+        changed, secret = self._apply_secret(text, digest, deployment)
+        if deployment is not None and is_olm_managed(deployment):
+            now = dt.datetime.now(dt.UTC)
+            self._restart_pending = PodRestarter(self.client).restart(deployment, secret, now)
+            rolled = changed
+        else:
+            self._restart_pending = False
+            rolled = self._roll(deployment, digest)
         MONITORED.set(len(namespaces))
         SYNCS.labels("changed" if changed or rolled else "unchanged").inc()
         if changed or rolled:
@@ -246,8 +259,9 @@ class TelemetryProxyReconciler:
                 self._cluster_uid = ""
         return self._cluster_uid
 
-    def _apply_secret(self, text: str, digest: str, deployment: JSON | None) -> bool:
-        """Create or update the Secret; owned by the proxy Deployment when it exists.
+    def _apply_secret(self, text: str, digest: str, deployment: JSON | None) -> tuple[bool, JSON]:
+        """Create or update the Secret; owned by the proxy Deployment when it exists. Returns
+        whether the configuration changed, and the Secret as stored.
 
         The owner reference lets the garbage collector delete the tokens together with the
         proxy (uninstall), although the Secret is the operator's and not the installer's.
@@ -266,20 +280,19 @@ class TelemetryProxyReconciler:
             if owners:
                 meta["ownerReferences"] = owners
             body: JSON = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": meta}
-            self.client.create(SECRETS, {**body, "data": data}, t.namespace)
-            return True
+            return True, self.client.create(SECRETS, {**body, "data": data}, t.namespace)
         meta = current.setdefault("metadata", {})
         same_data = (current.get("data") or {}) == data
         same_owner = owners is None or meta.get("ownerReferences") == owners
         if same_data and same_owner:
-            return False
+            return False, current
         if owners:
             meta["ownerReferences"] = owners
         meta.setdefault("annotations", {})[CONFIG_HASH_ANNOTATION] = digest
         current["data"] = data
         current.pop("stringData", None)
-        self.client.replace(SECRETS, current, t.namespace)  # resourceVersion: optimistic lock
-        return not same_data
+        stored = self.client.replace(SECRETS, current, t.namespace)  # optimistic lock
+        return not same_data, stored
 
     def _roll(self, deployment: JSON | None, digest: str) -> bool:
         """Set the hash on the pod template when it differs: a rolling restart, once."""

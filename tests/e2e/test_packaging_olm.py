@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster import LocalCluster
+from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,
     OPERATOR_SA,
@@ -56,6 +56,7 @@ SCORECARD_TESTS = [
     "olm-spec-descriptors",
     "olm-status-descriptors",
 ]
+JSON = dict[str, Any]
 
 
 # --- static validation by the ecosystem's tools -------------------------------------------
@@ -170,6 +171,18 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
         assert requirement["status"] in ("Present", "Satisfied"), requirement
     assert exists(cluster, "crd", CRD_NAME)
 
+    # The Subscription's env reaches every container. OLM finds the Subscription of a CSV by its
+    # status.installedCSV, which the catalog operator may set after OLM first created the
+    # Deployments: then OLM adds the env on a later pass (a second rollout), so wait for it.
+    cluster_name = {"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-test"}
+
+    def manager_container() -> JSON:
+        deployment = get_json(cluster, "deployment", DEPLOYMENT, "-n", ns)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return dict(container)
+
+    wait_until(lambda: cluster_name in manager_container()["env"], 120, "the Subscription's env")
+
     # The operator Deployment OLM created, running with OLM-managed certificates.
     assert deployment_available(cluster, ns, DEPLOYMENT)
     deployment = get_json(cluster, "deployment", DEPLOYMENT, "-n", ns)
@@ -181,7 +194,7 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
     assert deployment["metadata"]["labels"]["lumigo.auto-trace"] == "false"
     assert "olmcahash" in deployment["spec"]["template"]["metadata"]["annotations"]
     assert "--deployment-method=OLM" in container["args"]
-    assert {"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-test"} in container["env"]
+    assert cluster_name in container["env"]
     assert f"--telemetry-proxy-deployment={PROXY}" in container["args"]
 
     # The telemetry proxy: its Deployment, the Service from the bundle, the ServiceAccount OLM

@@ -10,8 +10,10 @@ import base64
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -20,7 +22,14 @@ from prometheus_client import REGISTRY
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
+from controller.runtime.resources import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    NAMESPACES,
+    PODS,
+    SECRETS,
+    ApiError,
+)
 from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.reconciler import (
     CONFIG_HASH_ANNOTATION,
@@ -29,12 +38,14 @@ from controller.telemetry.reconciler import (
     TelemetryProxyReconciler,
     config_hash,
 )
+from controller.telemetry.restart import OLM_MANAGED_LABEL
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.workloads import one_container_deployment
 
 PROXY = "lumigo-telemetry-proxy"
 PROXY_SECRET = "lumigo-telemetry-proxy-config"
+JSON = dict[str, Any]
 
 
 @pytest.fixture
@@ -273,3 +284,63 @@ def test_a_namespace_created_again_is_collected_under_its_new_uid(
     text = stored_config(kube, namespace)[0]
     assert second_uid in text
     assert first_uid not in text
+
+
+def proxy_pods(kube: KubeClient, namespace: str) -> list[JSON]:
+    pods, _ = kube.list(PODS, namespace, label_selector=f"app={PROXY}")
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_pod_uids(kube: KubeClient, namespace: str) -> set[str]:
+    return {
+        p["metadata"]["uid"]
+        for p in proxy_pods(kube, namespace)
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p.get("status", {}).get("conditions", [])
+        )
+    }
+
+
+def test_under_olm_the_proxy_pods_are_restarted_and_its_template_is_left_alone(
+    full_cluster: LocalCluster, kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    """OLM undoes pod-template changes to the Deployments it installed (and with them a config
+    rollout, half-way); under OLM the operator deletes the outdated pods one by one instead."""
+    body = one_container_deployment(PROXY, "otelcol:test", container="otelcol")
+    body["metadata"]["labels"] = {OLM_MANAGED_LABEL: "true"}
+    body["spec"]["replicas"] = 2
+    kube.create(DEPLOYMENTS, body, namespace)
+    wait_until(lambda: len(ready_pod_uids(kube, namespace)) == 2, 60, "2 ready proxy pods")
+    before = ready_pod_uids(kube, namespace)
+    template = kube.get(DEPLOYMENTS, PROXY, namespace)["spec"]["template"]
+
+    create_token_secret(kube, monitored, random_token())
+    create_lumigo(kube, monitored)
+    set_active(kube, monitored)
+    wait_in_cache(informer, monitored, lambda o: bool(o.get("status")))
+    controller = make(kube, informer, namespace).controller()
+    controller.start()
+    try:
+        # Every pod that existed when the configuration was written is replaced ...
+        wait_until(
+            lambda: (
+                len(ready_pod_uids(kube, namespace)) == 2
+                and not ready_pod_uids(kube, namespace) & before
+            ),
+            90,
+            "both proxy pods replaced",
+        )
+        assert f"k8s_objects/{monitored}" in receivers(stored_config(kube, namespace)[0])
+        # ... by deleting them, never by changing the pod template (OLM would undo it).
+        deployment = kube.get(DEPLOYMENTS, PROXY, namespace)
+        assert deployment["spec"]["template"] == template
+        assert deployment["metadata"]["generation"] == 1
+        # An unchanged configuration restarts nothing more.
+        settled = ready_pod_uids(kube, namespace)
+        version = stored_config(kube, namespace)[1]
+        time.sleep(5)  # several passes of the 1 s resync
+        assert ready_pod_uids(kube, namespace) == settled
+        assert stored_config(kube, namespace)[1] == version
+    finally:
+        controller.stop()

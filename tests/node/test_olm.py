@@ -15,6 +15,9 @@ from typing import Any
 
 import yaml
 
+from api.marks import parse_time
+from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
+from controller.telemetry.restart import last_write
 from localcluster import LocalCluster
 from tests.e2e.packaging_support import ROOT, deployment_available, get_json
 from tests.node.conftest import NodeHolder
@@ -132,5 +135,23 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                     raise AssertionError(f"{err}\n{diagnosis(cluster, ns)}") from err
                 assert spans[0].authorization == f"LumigoToken {token}"
                 assert spans[0].resource["k8s.cluster.name"] == "olm-node"
+
+                # The proxy took its configuration by a restart of its pods: OLM undoes a
+                # pod-template rollout of the Deployments it installed, so the operator never
+                # starts one here.
+                template = get_json(cluster, "deployment", proxy, "-n", ns)["spec"]["template"]
+                annotations = template["metadata"].get("annotations") or {}
+                assert CONFIG_HASH_ANNOTATION not in annotations
+                secret = get_json(cluster, "secret", f"{proxy}-config", "-n", ns)
+                written = last_write(secret)
+                assert written is not None
+                selector = "app.kubernetes.io/component=telemetry-proxy"
+                proxy_pods = get_json(cluster, "pods", "-n", ns, "-l", selector)["items"]
+                running = [p for p in proxy_pods if not p["metadata"].get("deletionTimestamp")]
+                assert running
+                for pod in running:
+                    created = parse_time(pod["metadata"]["creationTimestamp"])
+                    assert created is not None
+                    assert created > written, pod
         finally:
             sink.stop()

@@ -11,8 +11,9 @@ import pytest
 from api import constants
 from api.marks import marks, rollout_complete
 from controller.lumigo import health
-from controller.lumigo.revert import Reverter, selector_string
+from controller.lumigo.revert import Reverter
 from controller.lumigo.rollouts import Budget, is_rolling_because_of_us, state
+from controller.runtime.selectors import selector_string
 
 JSON = dict[str, Any]
 NOW = dt.datetime(2026, 11, 25, 12, 0, 0, tzinfo=dt.UTC)
