@@ -51,13 +51,6 @@ from tests.node.product import (  # noqa: E402
 JSON = dict[str, Any]
 
 
-class _NoSharedNode:
-    """installed_product releases the test tier's shared node; a benchmark has none."""
-
-    def release(self) -> None:
-        pass
-
-
 def ts(value: str) -> float:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
@@ -224,7 +217,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
     results: JSON = {}
-    generator = installed_product(_NoSharedNode())  # type: ignore[arg-type]  # duck-typed
+    generator = installed_product(None)
     product = next(generator)
     try:
         if args.deployments:

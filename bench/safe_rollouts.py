@@ -44,11 +44,6 @@ from tests.node.test_safe_rollouts import CONFLICT_APP  # noqa: E402
 JSON = dict[str, Any]
 
 
-class _NoSharedNode:
-    def release(self) -> None:
-        pass
-
-
 def apply_lumigo(product: Product, ns: str, budget: int | None = None) -> None:
     token = f"t_{uuid.uuid4().hex[:21]}"
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "lumigo-credentials"},
@@ -126,7 +121,7 @@ def main() -> int:
     parser.add_argument("--reverts", type=int, default=5)
     args = parser.parse_args()
     results: JSON = {"budgets": [], "reverts_s": []}
-    for product in installed_product(_NoSharedNode()):  # type: ignore[arg-type]
+    for product in installed_product(None):
         wait_defaulter(product, "default")
         for budget in [int(b) for b in args.budgets.split(",") if b]:
             run = budget_run(product, args.deployments, budget)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from api import constants
+from api import constants, marks
 from api.marks import ROLLING_KINDS, annotations_of, as_int, parse_time, rollout_complete
 
 JSON = dict[str, Any]
@@ -70,8 +70,9 @@ def our_annotation(obj: Mapping[str, Any], key: str) -> str | None:
 
 
 def is_reverted(obj: Mapping[str, Any]) -> bool:
-    """Carries the revert mark (a full object or a cached projection)."""
-    return our_annotation(obj, constants.ANNOTATION_REVERTED) is not None
+    """Carries the revert mark: a full object (`api.marks.is_reverted`) or a cached projection."""
+    in_projection = constants.ANNOTATION_REVERTED in (_state(obj).get("annotations") or {})
+    return in_projection or marks.is_reverted(obj)
 
 
 def instrumented_at(obj: Mapping[str, Any]) -> dt.datetime | None:

@@ -126,11 +126,15 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def node_cluster(holder: NodeHolder) -> Iterator[tuple[LocalCluster, LocalNode, dict[str, JSON]]]:
+def node_cluster(
+    holder: NodeHolder | None,
+) -> Iterator[tuple[LocalCluster, LocalNode, dict[str, JSON]]]:
     """A cluster of its own (with pod tokens) and a real node holding the built images:
-    (cluster, node, name -> manifest entry)."""
+    (cluster, node, name -> manifest entry). `holder`: the test tier's shared node, released
+    first (one local node at a time); None for a benchmark, which has none."""
     built = built_images()
-    holder.release()
+    if holder is not None:
+        holder.release()
     with LocalCluster(full=True, service_accounts=True) as cluster:
         cluster.kubectl("cordon", FAKE_NODE)
         with LocalNode(cluster) as node:
@@ -139,7 +143,7 @@ def node_cluster(holder: NodeHolder) -> Iterator[tuple[LocalCluster, LocalNode, 
             yield cluster, node, built
 
 
-def installed_product(holder: NodeHolder) -> Generator[Product]:
+def installed_product(holder: NodeHolder | None) -> Generator[Product]:
     """Cluster (with pod tokens) + node + images + sink + `helm install`; all gone afterwards."""
     with node_cluster(holder) as (cluster, node, built):
         images = {name: str(entry["ref"]) for name, entry in built.items()}
