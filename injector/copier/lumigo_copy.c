@@ -17,6 +17,12 @@
  *   files and links are replaced (unlinked first, so a leftover's mode never matters), directories
  *   it owns are reused.
  *
+ * Tracing must never keep the application from starting: when a copy fails (a full volume, an
+ * unreadable file), it says so and exits 0, leaving the payload marked incomplete. The marker is
+ * payload.json, copied last and removed first: lumigo_injector.so activates nothing without it
+ * and says why on the application's stderr. injector/ is copied first, so that the library that
+ * says it is there even when little else fits.
+ *
  * Usage: lumigo-copy [SOURCE]     (TARGET_DIRECTORY must be set)
  */
 #define _GNU_SOURCE
@@ -47,12 +53,20 @@ static int remove_leftover(const char *path) {
     return fail("cannot replace", path);
 }
 
+/* A file is written under a temporary name and renamed when complete: a full volume never leaves
+ * a truncated file under its real name (a truncated lumigo_injector.so would crash every process
+ * that preloads it). */
 static int copy_file(const char *src, const char *dst, mode_t src_mode) {
     mode_t mode = (src_mode & 0111) ? EXEC_MODE : FILE_MODE;
-    if (remove_leftover(dst) != 0) return -1;
+    char partial[PATH_MAX];
+    if (snprintf(partial, sizeof partial, "%s.lumigo-partial", dst) >= (int)sizeof partial) {
+        errno = ENAMETOOLONG;
+        return fail("path too long", dst);
+    }
+    if (remove_leftover(dst) != 0 || remove_leftover(partial) != 0) return -1;
     int in = open(src, O_RDONLY | O_CLOEXEC);
     if (in < 0) return fail("cannot open", src);
-    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    int out = open(partial, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
     if (out < 0) {
         close(in);
         return fail("cannot create", dst);
@@ -80,6 +94,8 @@ static int copy_file(const char *src, const char *dst, mode_t src_mode) {
     }
     if (close(out) != 0 && rc == 0) rc = fail("cannot close", dst);
     close(in);
+    if (rc == 0 && rename(partial, dst) != 0) rc = fail("cannot rename to", dst);
+    if (rc != 0) unlink(partial);
     files_copied += rc == 0;
     return rc;
 }
@@ -108,6 +124,41 @@ static int make_dir(const char *path) {
     if (st.st_uid == geteuid() && (st.st_mode & 0777) != DIR_MODE && chmod(path, DIR_MODE) != 0)
         return fail("cannot chmod", path);
     return 0;
+}
+
+#define MARKER "payload.json"
+#define FIRST "injector"
+
+static int copy_tree(const char *src, const char *dst);
+
+static int join(char *out, size_t size, const char *dir, const char *name) {
+    if (snprintf(out, size, "%s/%s", dir, name) < (int)size) return 0;
+    errno = ENAMETOOLONG;
+    return fail("path too long under", dir);
+}
+
+/* The payload's top level: injector/ first, payload.json last, after everything else. */
+static int copy_payload(const char *src, const char *dst) {
+    char s[PATH_MAX], d[PATH_MAX];
+    if (join(d, sizeof d, dst, MARKER) != 0) return -1;
+    if (remove_leftover(d) != 0) return -1;
+    if (join(s, sizeof s, src, FIRST) != 0 || join(d, sizeof d, dst, FIRST) != 0) return -1;
+    if (copy_tree(s, d) != 0) return -1;
+    DIR *dir = opendir(src);
+    if (!dir) return fail("cannot open directory", src);
+    struct dirent *entry;
+    int rc = 0;
+    while (rc == 0 && (entry = readdir(dir)) != NULL) {
+        const char *name = entry->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, FIRST) ||
+            !strcmp(name, MARKER))
+            continue;
+        rc = join(s, sizeof s, src, name) || join(d, sizeof d, dst, name) || copy_tree(s, d);
+    }
+    closedir(dir);
+    if (rc != 0) return -1;
+    if (join(s, sizeof s, src, MARKER) != 0 || join(d, sizeof d, dst, MARKER) != 0) return -1;
+    return copy_tree(s, d);
 }
 
 static int copy_tree(const char *src, const char *dst) {
@@ -144,7 +195,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     umask(022); /* the modes above are exact whatever umask the container runtime gave us */
-    if (copy_tree(src, dst) != 0) return 1;
+    if (make_dir(dst) != 0 || copy_payload(src, dst) != 0) {
+        fprintf(stderr,
+                "lumigo-copy: the payload in %s is incomplete: this pod's containers start "
+                "without Lumigo tracing\n",
+                dst);
+        return 0;
+    }
     printf("lumigo-copy: copied %lu files (%lu bytes) from %s to %s\n", files_copied, bytes_copied,
            src, dst);
     return 0;

@@ -5,8 +5,8 @@
  *
  * Why a bootstrap instead of requiring the distro directly: a failing `--require` makes Node exit,
  * and tracing must never break the application. Here an unsupported Node.js version or any error
- * while loading the distro only means "not traced". Written in ES5 so that every Node.js version
- * parses it.
+ * while loading the distro only means "not traced", said once on stderr. Written in ES5 so that
+ * every Node.js version parses it.
  *
  * All tracer traffic goes to LUMIGO_ENDPOINT / LUMIGO_LOGS_ENDPOINT (the telemetry proxy): the
  * distro's dependency report, which only ever goes straight to Lumigo's public endpoint, is off
@@ -58,7 +58,10 @@ function quietExportErrors() {
   try {
     var major = parseInt(String(process.versions.node).split('.')[0], 10);
     if (!(major >= SUPPORTED_MAJORS.min && major <= SUPPORTED_MAJORS.max)) {
-      debug('Node.js ' + process.versions.node + ' is not supported; not tracing');
+      process.stderr.write(
+        'lumigo-injector: node: tracing not activated: Node.js ' + process.versions.node +
+          ' is not supported (' + SUPPORTED_MAJORS.min + ' to ' + SUPPORTED_MAJORS.max + ')\n'
+      );
       return;
     }
     if (!process.env.LUMIGO_TRACER_TOKEN) {

@@ -29,7 +29,9 @@
  *
  * Every other process (shells, coreutils, Go binaries, ...) sees no change at all. The values a
  * user already set are kept: ours are prepended, and an entry already present is not added
- * twice (child processes inherit the edited environment). Nothing is printed unless
+ * twice (child processes inherit the edited environment). A process that would be traced but
+ * cannot be, because the payload is incomplete (no payload.json, which the init container copies
+ * last) prints one line on stderr saying so; nothing else is printed unless
  * LUMIGO_INJECTOR_DEBUG=true; no value of LUMIGO_TRACER_TOKEN is ever printed.
  *
  * Thread safety: the constructor runs once, in the loading thread, before main() and before the
@@ -52,6 +54,8 @@ extern int setenv(const char *name, const char *value, int overwrite) __attribut
 #define NODE_BOOTSTRAP "/nodejs/lumigo-bootstrap.js"
 #define JAVA_AGENT "/java/opentelemetry-javaagent.jar"
 #define JAVAAGENT_FLAG "-javaagent:"
+/* Copied last by the init container (lumigo-copy): without it the payload is incomplete. */
+#define COMPLETE_MARKER "/payload.json"
 
 #if defined(__x86_64__)
 #define SYS_read 0
@@ -127,15 +131,15 @@ static void buf_add_n(struct buf *b, const char *s, size_t n) {
 
 static void buf_add(struct buf *b, const char *s) { buf_add_n(b, s, str_len(s)); }
 
-/* ---- debug output: only with LUMIGO_INJECTOR_DEBUG=true|1 ---- */
+/* ---- output: problems always (one line), the rest only with LUMIGO_INJECTOR_DEBUG=true|1 ---- */
 
 static int debug_enabled(void) {
     const char *v = getenv("LUMIGO_INJECTOR_DEBUG");
     return v && (str_eq(v, "true") || str_eq(v, "1") || str_eq(v, "TRUE") || str_eq(v, "True"));
 }
 
-static void debug(int enabled, const char *a, const char *b) {
-    if (!enabled) return;
+/* One line on stderr, always: for what a user must know (tracing was wanted and is not on). */
+static void say(const char *a, const char *b) {
     char line[PATH_BUF];
     struct buf out = {line, 0, sizeof line, 1};
     buf_add(&out, "lumigo-injector: ");
@@ -147,6 +151,10 @@ static void debug(int enabled, const char *a, const char *b) {
     else
         line[len - 1] = '\n'; /* truncated: keep one line per message */
     sys4(SYS_write, 2, (long)line, (long)len, 0);
+}
+
+static void debug(int enabled, const char *a, const char *b) {
+    if (enabled) say(a, b);
 }
 
 /* ---- what kind of process is this? ---- */
@@ -412,6 +420,19 @@ __attribute__((constructor)) static void lumigo_injector_init(void) {
     struct buf root = {root_buf, 0, sizeof root_buf, 1};
     payload_root(&root);
     if (!root.ok) return;
+    char marker[PATH_BUF];
+    struct buf m = {marker, 0, sizeof marker, 1};
+    buf_add(&m, root_buf);
+    buf_add(&m, COMPLETE_MARKER);
+    if (!m.ok || !readable(marker)) {
+        const char *who = kind == PYTHON ? "python: " : kind == NODE ? "node: " : "java: ";
+        char what[PATH_BUF];
+        struct buf w = {what, 0, sizeof what, 1};
+        buf_add(&w, who);
+        buf_add(&w, "tracing not activated: the payload is incomplete or missing at ");
+        say(what, root_buf);
+        return;
+    }
     if (kind == PYTHON)
         inject_python(dbg, root_buf);
     else if (kind == NODE)

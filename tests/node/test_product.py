@@ -522,6 +522,83 @@ def test_a_shell_script_runs_unchanged(product: Product, variants_ns: str) -> No
     assert "rror" not in out, out
 
 
+# --- activation that never breaks the app (issue 19, item 4) -----------------------------------
+
+NOT_ACTIVATED = "lumigo-injector: python: tracing not activated: "
+
+
+def untraced_and_said_once(product: Product, namespace: str, pod: JSON, reason: str) -> None:
+    """The app serves, without our tracer, and its log says why in exactly one line."""
+    name = pod["metadata"]["name"]
+    described = json.loads(http_get(product, namespace, name, "/"))
+    assert described["traced"] is False, described
+    out = product.kubectl("logs", "-n", namespace, name)
+    said = [line for line in out.splitlines() if line.startswith(NOT_ACTIVATED)]
+    assert len(said) == 1, out
+    assert said[0].startswith(NOT_ACTIVATED + reason), said
+    assert "Traceback" not in out, out
+
+
+def test_an_incompatible_protobuf_in_the_apps_environment_leaves_it_untraced_and_says_so(
+    product: Product, variants_ns: str
+) -> None:
+    """protobuf 3.20.3 on the app's PYTHONPATH, ahead of the payload: the tracer's exporters would
+    import it and fail (they need >= 5). The bootstrap checks before importing anything."""
+    script = (
+        "mkdir -p /deps/google/protobuf /deps/protobuf-3.20.3.dist-info && "
+        "echo '__version__ = \"3.20.3\"' > /deps/google/protobuf/__init__.py && "
+        "printf 'Metadata-Version: 2.1\\nName: protobuf\\nVersion: 3.20.3\\n' "
+        "> /deps/protobuf-3.20.3.dist-info/METADATA && exec python3 /app/app.py"
+    )
+    obj = with_container(
+        deployment("old-protobuf", product.images["python-app"]),
+        command=["sh", "-c", script],
+        env=[{"name": "PORT", "value": "8080"}, {"name": "PYTHONPATH", "value": "/deps"}],
+        volumeMounts=[{"name": "deps", "mountPath": "/deps"}],
+    )
+    obj["spec"]["template"]["spec"]["volumes"] = [{"name": "deps", "emptyDir": {}}]
+    pod = run_variant(product, variants_ns, obj)
+    untraced_and_said_once(
+        product, variants_ns, pod, "the application's protobuf 3.20.3 (in /deps) does not satisfy"
+    )
+
+
+def test_a_payload_cut_short_by_a_full_volume_lets_the_pod_start_untraced_and_says_so(
+    product: Product,
+) -> None:
+    """The payload's volume holds 4 MiB of its ~140 MB: the copier says the payload is
+    incomplete and exits 0 (the pod starts), the injector it did copy sees no completion marker
+    and activates nothing. Built by hand in a namespace without a Lumigo."""
+    ns = product.new_namespace("small-volume")
+    obj = deployment("small-volume", product.images["python-app"])
+    spec = obj["spec"]["template"]["spec"]
+    spec["volumes"] = [{"name": "lumigo", "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}}]
+    spec["initContainers"] = [
+        {
+            "name": "copy-payload",
+            "image": product.images["autotrace"],
+            "imagePullPolicy": "Never",
+            "env": [{"name": "TARGET_DIRECTORY", "value": "/target"}],
+            "volumeMounts": [{"name": "lumigo", "mountPath": "/target"}],
+            "securityContext": {"runAsUser": 1234, "runAsGroup": 1234},
+        }
+    ]
+    app = spec["containers"][0]
+    app["env"] += [
+        {"name": "LD_PRELOAD", "value": "/opt/lumigo/injector/lumigo_injector.so"},
+        {"name": "LUMIGO_TRACER_TOKEN", "value": TOKEN},
+    ]
+    app["volumeMounts"] = [{"name": "lumigo", "mountPath": "/opt/lumigo", "readOnly": True}]
+    product.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj))
+    pod = rolled_out(product, ns, "small-volume")
+    (init,) = pod["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0, init
+    copier_log = product.kubectl("logs", "-n", ns, pod["metadata"]["name"], "-c", "copy-payload")
+    assert "No space left on device" in copier_log, copier_log
+    assert "the payload in /target is incomplete" in copier_log, copier_log
+    untraced_and_said_once(product, ns, pod, "the payload is incomplete or missing at /opt/lumigo")
+
+
 # --- faults, upgrade and operator outage (issue 13) ---------------------------------------------
 
 PROXY_SELECTOR = "app.kubernetes.io/component=telemetry-proxy"

@@ -79,3 +79,79 @@ def test_every_supported_minor_has_a_lock_for_both_libcs(bootstrap: ModuleType) 
 def test_this_interpreter_is_glibc(bootstrap: ModuleType) -> None:
     assert sys.platform == "linux"
     assert bootstrap.detect_libc() == "glibc"
+
+
+# --- the application's own packages against the tracer's constraints (issue 19, item 4) ------
+
+
+@pytest.mark.parametrize(
+    "version",
+    ["3.20.3", "4.25.0", "5.0", "5.0rc1", "6.33.5", "6.33.4", "6.33.5.post1", "7.0", "7.0.0rc2",
+     "8.0.0", "1.52", "1.52.9", "1.53", "2.0", "3", "0.0.16", "4.5.0", "4.4.0", "80.9.0", "81.0"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "spec",
+    ["<8.0.0", ">=6.33.5", "<7.0", ">=5.0", "~=1.52", "~=2.7", "==0.0.16", "!=4.4.0", "<=80.9.0",
+     ">3", "==6.*", "!=5.*", "~=3.0", ">=4.5.0"],
+)  # fmt: skip
+def test_version_constraints_agree_with_pep_440(
+    bootstrap: ModuleType, version: str, spec: str
+) -> None:
+    from packaging.specifiers import Specifier
+
+    (parsed,) = [Specifier(spec)]
+    expected = parsed.contains(version, prereleases=True)
+    assert bootstrap.satisfies(version, parsed.operator, parsed.version) is expected
+
+
+def site(tmp_path: Path, name: str, dist: str, version: str, files: dict[str, str]) -> str:
+    entry = tmp_path / name
+    for rel, text in files.items():
+        (entry / rel).parent.mkdir(parents=True, exist_ok=True)
+        (entry / rel).write_text(text)
+    info = entry / f"{dist}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    return str(entry)
+
+
+DEPENDENCIES = {
+    "protobuf": {
+        "modules": ["google._upb", "google.protobuf"],
+        "requires": [["<", "7.0"], [">=", "5.0"]],
+        "required_by": ["opentelemetry-proto"],
+    },
+    "requests": {"modules": ["requests"], "requires": [["~=", "2.7"]], "required_by": ["x"]},
+}
+
+
+def test_an_application_protobuf_outside_the_constraints_is_a_conflict(
+    bootstrap: ModuleType, tmp_path: Path
+) -> None:
+    old = site(tmp_path, "app", "protobuf", "3.20.3", {"google/protobuf/__init__.py": ""})
+    fine = site(tmp_path, "other", "requests", "2.31.0", {"requests/__init__.py": ""})
+    conflict = bootstrap.dependency_conflict(DEPENDENCIES, [fine, old])
+    assert conflict == (
+        f"the application's protobuf 3.20.3 (in {old}) does not satisfy protobuf<7.0,>=5.0,"
+        " which opentelemetry-proto need"
+    )
+
+
+def test_what_the_application_does_not_have_or_has_in_a_fitting_version_is_no_conflict(
+    bootstrap: ModuleType, tmp_path: Path
+) -> None:
+    ok = site(tmp_path, "app", "protobuf", "6.1.0", {"google/protobuf/__init__.py": ""})
+    other_google = site(tmp_path, "g", "google-auth", "2.0.0", {"google/auth/__init__.py": ""})
+    assert bootstrap.dependency_conflict(DEPENDENCIES, [other_google, ok]) is None
+    assert bootstrap.dependency_conflict(DEPENDENCIES, [other_google]) is None
+    # A module without metadata: its version cannot be told, which is no reason to stand down.
+    bare = tmp_path / "bare"
+    (bare / "requests").mkdir(parents=True)
+    assert bootstrap.dependency_conflict(DEPENDENCIES, [str(bare)]) is None
+
+
+def test_versions_are_read_from_egg_info_too(bootstrap: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "protobuf.egg-info").write_text("Metadata-Version: 1.1\nVersion: 3.21.12\n\n")
+    assert bootstrap.installed_version(str(tmp_path), "protobuf") == "3.21.12"
+    (tmp_path / "typing_extensions-4.4.0.egg-info").mkdir()
+    assert bootstrap.installed_version(str(tmp_path), "typing-extensions") == "4.4.0"

@@ -5,8 +5,10 @@
 # It picks the payload built for this interpreter (CPython minor version x libc), appends it to
 # sys.path, imports the Lumigo OpenTelemetry distro (which initialises itself on import), and then
 # runs the sitecustomize the user would have had without us. Tracing must never break the
-# application: an unsupported interpreter, an application that already ships OpenTelemetry, or
-# any error while loading the distro only means "not traced".
+# application: an unsupported interpreter, an application that already ships OpenTelemetry, a
+# package of the application's environment that the distro would load in a version it does not
+# support (checked before anything of ours is imported), or any error while loading the distro
+# only means "not traced", said once on stderr.
 #
 # All tracer traffic goes to LUMIGO_ENDPOINT / LUMIGO_LOGS_ENDPOINT (the telemetry proxy): the
 # distro's dependency report, which only ever goes straight to Lumigo's public endpoint, is off
@@ -35,6 +37,11 @@ def _flag(name):
 def _debug(message):
     if _flag("LUMIGO_INJECTOR_DEBUG"):
         sys.stderr.write("lumigo-injector: python: %s\n" % message)
+
+
+def _not_activated(reason):
+    """One line on stderr: the process runs as it would without Lumigo, and says why."""
+    sys.stderr.write("lumigo-injector: python: tracing not activated: %s\n" % reason)
 
 
 class _OneLineFormatter(object):
@@ -126,6 +133,182 @@ def payload_dirs(root, version_info, libc, implementation, gil_disabled):
     return [abi_dir, os.path.join(root, "common")], None
 
 
+# Written next to each target's packages by injector/build-payload: for every distribution the
+# distro's packages require, the modules it provides and the version constraints on it.
+DEPENDENCIES_FILE = "lumigo-dependencies.json"
+
+
+def _release(version):
+    """'5.29.1' -> (5, 29, 1), 'pre' releases sort before the release ('6.0rc1' < '6.0')."""
+    import re
+
+    match = re.match(r"v?(\d+(?:\.\d+)*)(.*)$", version.strip().lower())
+    if not match:
+        return None
+    numbers = tuple(int(n) for n in match.group(1).split("."))
+    rest = match.group(2).lstrip("._-")
+    final = not rest or rest.startswith("post") or rest.startswith("+")
+    return numbers, final
+
+
+def _padded(a, b):
+    width = max(len(a), len(b))
+    return a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+
+
+def satisfies(version, operator, wanted):
+    """PEP 440 comparison, enough for the constraints distributions declare (release numbers,
+    pre-releases, `==X.*`, `~=`). An unparsable version satisfies everything: unknown is not a
+    reason to stand down."""
+    if operator == "===":
+        return version == wanted
+    have = _release(version)
+    if have is None:
+        return True
+    if wanted.endswith(".*"):
+        prefix = _release(wanted[:-2])
+        if prefix is None:
+            return True
+        same = have[0][: len(prefix[0])] + (0,) * max(0, len(prefix[0]) - len(have[0])) == prefix[0]
+        return same if operator == "==" else not same
+    want = _release(wanted)
+    if want is None:
+        return True
+    if operator == "~=":
+        floor = want[0][:-1] if len(want[0]) > 1 else want[0]
+        return satisfies(version, ">=", wanted) and satisfies(
+            version, "==", ".".join(str(n) for n in floor) + ".*"
+        )
+    a, b = _padded(have[0], want[0])
+    if operator == "<" and a == b and not have[1] and want[1]:
+        return False  # `<7.0` excludes 7.0's pre-releases (PEP 440)
+    key_have, key_want = (a, have[1]), (b, want[1])
+    return {
+        "==": key_have == key_want,
+        "!=": key_have != key_want,
+        ">=": key_have >= key_want,
+        "<=": key_have <= key_want,
+        ">": key_have > key_want,
+        "<": key_have < key_want,
+    }.get(operator, True)
+
+
+def _normalized(name):
+    import re
+
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _listing(directory, cache):
+    if directory not in cache:
+        try:
+            cache[directory] = os.listdir(directory)
+        except OSError:
+            cache[directory] = []
+    return cache[directory]
+
+
+def _provided_by(module, entries, cache):
+    """The first sys.path entry (a directory) that provides `module` ("google.protobuf"), or
+    None. Looked up on the file system (listings cached in `cache`): nothing of the application
+    is imported."""
+    parts = module.split(".")
+    for entry in entries:
+        parent = os.path.join(entry, *parts[:-1])
+        names = _listing(parent, cache)
+        last = parts[-1]
+        for name in names:
+            if (
+                name == last
+                or name == last + ".py"
+                or (name.startswith(last + ".") and name.endswith(".so"))
+            ):
+                return entry
+    return None
+
+
+def _metadata_version(path):
+    """The Version: header of a METADATA / PKG-INFO file, None if unreadable."""
+    try:
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    return None
+    except (IOError, OSError):
+        return None
+    return None
+
+
+def installed_version(entry, distribution, cache=None):
+    """The version of `distribution` installed in the directory `entry`, from its .dist-info or
+    .egg-info name or metadata; None when it cannot be told."""
+    wanted = _normalized(distribution)
+    for name in _listing(entry, {} if cache is None else cache):
+        stem, dot, suffix = name.rpartition(".")
+        if not dot or suffix not in ("dist-info", "egg-info"):
+            continue
+        dist, _, version = stem.partition("-")
+        if _normalized(dist) != wanted:
+            continue
+        if version:
+            return version.split("-")[0]
+        info = os.path.join(entry, name)
+        if suffix == "dist-info":
+            return _metadata_version(os.path.join(info, "METADATA"))
+        return _metadata_version(os.path.join(info, "PKG-INFO") if os.path.isdir(info) else info)
+    return None
+
+
+def dependency_conflict(dependencies, entries):
+    """The first distribution of the application's environment (the sys.path `entries`) that
+    the distro would load instead of its own and whose version it does not support, described;
+    None when there is none."""
+    cache = {}
+    for distribution in sorted(dependencies):
+        wanted = dependencies[distribution]
+        for module in wanted.get("modules", []):
+            entry = _provided_by(module, entries, cache)
+            if entry is None:
+                continue
+            version = installed_version(entry, distribution, cache)
+            if version is None:
+                break
+            requires = wanted.get("requires", [])
+            if not all(satisfies(version, op, want) for op, want in requires):
+                return "the application's %s %s (in %s) does not satisfy %s%s, which %s need" % (
+                    distribution,
+                    version,
+                    entry,
+                    distribution,
+                    ",".join(op + want for op, want in requires),
+                    ", ".join(wanted.get("required_by", [])) or "the tracer's packages",
+                )
+            break
+    return None
+
+
+def _read_dependencies(abi_dir):
+    import json
+
+    try:
+        with open(os.path.join(abi_dir, DEPENDENCIES_FILE)) as f:
+            return json.load(f)
+    except (IOError, OSError, ValueError):
+        return {}
+
+
+def _forget_our_modules(dirs):
+    """After a failed import, modules loaded from the payload leave sys.modules, so that the
+    application never finds a half-initialised copy of ours."""
+    for name, module in list(sys.modules.items()):
+        places = [getattr(module, "__file__", None) or ""]
+        places.extend(getattr(module, "__path__", None) or [])
+        if any(str(p).startswith(d + os.sep) for p in places for d in dirs):
+            del sys.modules[name]
+
+
 def _app_has_opentelemetry():
     """The application brings its own OpenTelemetry: mixing two SDKs breaks both, stand down."""
     try:
@@ -136,10 +319,8 @@ def _app_has_opentelemetry():
         return True
 
 
-def _activate(here):
-    if not os.environ.get("LUMIGO_TRACER_TOKEN"):
-        _debug("LUMIGO_TRACER_TOKEN is not set; not tracing")
-        return
+def _usable_payload(root):
+    """(the sys.path entries to add, None), or (None, why this process cannot be traced)."""
     try:
         import sysconfig
 
@@ -147,13 +328,25 @@ def _activate(here):
     except Exception:
         gil_disabled = False
     implementation = getattr(getattr(sys, "implementation", None), "name", "cpython2")
-    root = os.path.dirname(here)
     dirs, reason = payload_dirs(root, sys.version_info, detect_libc(), implementation, gil_disabled)
     if dirs is None:
-        _debug("%s; not tracing" % reason)
-        return
+        return None, reason
     if _app_has_opentelemetry():
-        _debug("the application already has OpenTelemetry; not tracing")
+        return None, "the application already has OpenTelemetry"
+    app_entries = [e for e in sys.path if e and not e.startswith(root + os.sep)]
+    conflict = dependency_conflict(_read_dependencies(dirs[0]), app_entries)
+    if conflict:
+        return None, conflict
+    return dirs, None
+
+
+def _activate(here):
+    if not os.environ.get("LUMIGO_TRACER_TOKEN"):
+        _debug("LUMIGO_TRACER_TOKEN is not set; not tracing")
+        return
+    dirs, reason = _usable_payload(os.path.dirname(here))
+    if dirs is None:
+        _not_activated(reason)
         return
     # Appended, never prepended: the application's own packages always win.
     sys.path.extend(dirs)
@@ -178,10 +371,8 @@ def _activate(here):
         for entry in dirs:
             while entry in sys.path:
                 sys.path.remove(entry)
-        sys.stderr.write(
-            "lumigo-injector: python: tracing not activated: %s: %s\n"
-            % (type(error).__name__, error)
-        )
+        _forget_our_modules(dirs)
+        _not_activated("%s: %s" % (type(error).__name__, error))
     finally:
         sys.dont_write_bytecode = dont_write
         if defaulted:
