@@ -259,6 +259,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
             deployment_method=opts.deployment_method,
         ),
         lease_namespace=opts.namespace,
+        heartbeat_interval=opts.telemetry_heartbeat_interval,
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)
     manager.add_controller(telemetry.controller())

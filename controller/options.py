@@ -81,6 +81,7 @@ class RunOptions:
     telemetry_proxy_config_secret: str = "lumigo-lumigo-operator-telemetry-proxy-config"
     telemetry_upstream_endpoint: str = ""
     telemetry_upstream_logs_endpoint: str = ""
+    telemetry_heartbeat_interval: str = "1h"
     cluster_name: str = ""
     deployment_method: str = "Helm"
 
@@ -193,6 +194,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--telemetry-upstream-logs-endpoint",
         default=_env("LUMIGO_LOGS_ENDPOINT", d.telemetry_upstream_logs_endpoint),
         help="where the proxy sends logs and Kubernetes events [LUMIGO_LOGS_ENDPOINT]",
+    )
+    a(
+        "--telemetry-heartbeat-interval",
+        default=d.telemetry_heartbeat_interval,
+        help="how often the proxy sends each monitored namespace's Lumigo spec and status"
+        " (a collector duration: 1h, 10m, 30s)",
     )
     a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", d.cluster_name))
     a("--deployment-method", default=_env("LUMIGO_DEPLOYMENT_METHOD", d.deployment_method))

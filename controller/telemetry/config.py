@@ -16,12 +16,17 @@ Two kinds of pipelines share one upstream collector:
   table) keeps tenants apart by construction: a namespace's records can only reach the exporter
   that carries its own token. The receivers run only on the Lease holder
   (`k8s_leader_elector`), so scaling the proxy never duplicates collection.
+- in each events pipeline, the namespace heartbeat: a second receiver pulls the namespace's
+  Lumigo resources every `heartbeat_interval` (hourly by default), so the backend sees each one's
+  spec and status as a log record of scope `lumigo-operator.namespace_heartbeat` (set by a
+  `transform` processor), exported with the same token.
 
 The result embeds tokens: it must only ever be stored in a Secret, never logged.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +53,13 @@ COLLECTED_OBJECTS: tuple[tuple[str, str], ...] = (
     ("cronjobs", "batch"),
     ("jobs", "batch"),
 )
+
+# The namespace heartbeat: the instrumentation scope of its records, and what it pulls.
+HEARTBEAT_SCOPE = "lumigo-operator.namespace_heartbeat"
+HEARTBEAT_OBJECTS = ("lumigoes", "operator.lumigo.io")
+HEARTBEAT_KIND = "Lumigo"
+# A collector duration: what `heartbeat_interval` may be (it comes from a flag).
+DURATION = re.compile(r"^[1-9][0-9]{0,5}(ms|s|m|h)$")
 
 # Pod, namespace and owner-chain attributes added to every span and log of the proxy.
 K8S_METADATA = (
@@ -120,6 +132,8 @@ class ProxySettings:
     events_batch_size: int = 100
     events_batch_timeout: str = "1s"
     events_queue_items: int = 20_000
+    # How often each monitored namespace's Lumigo resources are sent (the heartbeat).
+    heartbeat_interval: str = "1h"
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -134,6 +148,11 @@ class ProxySettings:
             raise ValueError("invalid telemetry upstream endpoint '': it is required")
         if self.kube_auth not in ("serviceAccount", "kubeConfig"):
             raise ValueError(f"invalid kube_auth {self.kube_auth!r}")
+        if not DURATION.match(self.heartbeat_interval):
+            raise ValueError(
+                f"invalid heartbeat interval {self.heartbeat_interval!r}: expected a duration "
+                "such as 1h, 10m or 30s"
+            )
 
 
 def render(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> str:
@@ -298,6 +317,14 @@ def _add_events_pipelines(
         "lease_namespace": s.lease_namespace,
     }
     config["service"]["extensions"].append("k8s_leader_elector")
+    # Each pull is a batch of its own until batch/events: only the heartbeat's records get the
+    # heartbeat scope (a watched object's body is {type, object}, a pulled one is the object).
+    config["processors"]["transform/heartbeat"] = {
+        "error_mode": "ignore",
+        "log_statements": [
+            f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "{HEARTBEAT_KIND}"'
+        ],
+    }
     config["processors"]["batch/events"] = {
         "send_batch_size": s.events_batch_size,
         "timeout": s.events_batch_timeout,
@@ -310,6 +337,12 @@ def _add_events_pipelines(
             # watching becomes duplicates downstream rather than lost object versions.
             "include_initial_state": True,
             "objects": [_watch(name, group, ns.name) for name, group in COLLECTED_OBJECTS],
+        }
+        # Its own receiver: include_initial_state is for watches only.
+        config["receivers"][f"k8s_objects/heartbeat-{ns.name}"] = {
+            "auth_type": s.kube_auth,
+            "k8s_leader_elector": "k8s_leader_elector",
+            "objects": [_heartbeat(ns.name, s.heartbeat_interval)],
         }
         ns_attributes = [
             {"key": "k8s.namespace.name", "value": ns.name, "action": "upsert"},
@@ -324,10 +357,22 @@ def _add_events_pipelines(
             "sending_queue": {"sizer": "items", "queue_size": s.events_queue_items},
         }
         config["service"]["pipelines"][f"logs/ns-{ns.name}"] = {
-            "receivers": [f"k8s_objects/{ns.name}"],
-            "processors": ["resource/lumigo", f"resource/ns-{ns.name}", "batch/events"],
+            "receivers": [f"k8s_objects/{ns.name}", f"k8s_objects/heartbeat-{ns.name}"],
+            "processors": [
+                "transform/heartbeat",
+                "resource/lumigo",
+                f"resource/ns-{ns.name}",
+                "batch/events",
+            ],
             "exporters": [f"otlp_http/ns-{ns.name}"],
         }
+
+
+def _heartbeat(namespace: str, interval: str) -> JSON:
+    """The namespace's Lumigo resources, pulled at start and every `interval`."""
+    name, group = HEARTBEAT_OBJECTS
+    return {"name": name, "group": group, "mode": "pull", "interval": interval,
+            "namespaces": [namespace]}  # fmt: skip
 
 
 def _watch(name: str, group: str, namespace: str) -> JSON:

@@ -252,6 +252,7 @@ def telemetry_proxy_requests(namespace: str, fullname: str) -> list[list[str]]:
     ]
     for resource in PROXY_READS:
         checks += [[verb, resource, "--all-namespaces"] for verb in ("list", "watch")]
+    checks.append(["list", "lumigoes.operator.lumigo.io", "--all-namespaces"])  # the heartbeat
     return checks
 
 

@@ -100,6 +100,7 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
         },
         "telemetryProxy": {
             "replicas": 2,
+            "heartbeatInterval": "15m",
             "image": {
                 "repository": "registry.example.com/otel/collector",
                 "tag": "0.152.0-1",
@@ -248,11 +249,12 @@ def test_non_default_values_are_rendered() -> None:
         assert arg in container["args"]
     assert "--revert" not in container["args"]
     # The telemetry proxy: where the operator finds it, where it sends, what it is called.
-    assert container["args"][-6:] == [
+    assert container["args"][-7:] == [
         "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
         "--telemetry-proxy-config-secret=acme-tracing-telemetry-proxy-config",
         "--telemetry-upstream-endpoint=https://otlp.example.com",
         "--telemetry-upstream-logs-endpoint=https://logs.example.com",
+        "--telemetry-heartbeat-interval=15m",
         "--cluster-name=prod-eu-1",
         "--deployment-method=Helm",
     ]

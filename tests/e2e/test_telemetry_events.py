@@ -20,7 +20,7 @@ from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SECRETS
-from controller.telemetry.config import MonitoredNamespace, render
+from controller.telemetry.config import HEARTBEAT_SCOPE, MonitoredNamespace, render
 from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
@@ -259,5 +259,68 @@ def test_a_hostile_token_never_reaches_the_shared_proxy_configuration(
         assert authorizations[good] == f"LumigoToken {good_token}"
         assert authorizations[evil] == f"LumigoToken {hostile}"  # literal, not expanded
         assert all("leaked-value" not in r.authorization for r in sink.logs())
+    finally:
+        lumigoes.stop()
+
+
+def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_token(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """Every heartbeat interval (2 s here, hourly by default) each monitored namespace's Lumigo
+    goes upstream whole, spec and status, under scope lumigo-operator.namespace_heartbeat and
+    with that namespace's token; a namespace without a Lumigo sends none."""
+    run = uuid.uuid4().hex[:8]
+    monitored, barrier = namespaces["monitored"], namespaces["barrier"]
+    tokens = {monitored: random_token(), barrier: random_token()}
+    for ns, token in tokens.items():
+        create_token_secret(kube, ns, token)
+        create_lumigo(kube, ns)
+        kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
+        set_active(kube, ns)
+    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
+    lumigoes.start()
+    settings = local_settings(sink.url, namespace, heartbeat_interval="2s")
+    target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
+    reconciler = TelemetryProxyReconciler(kube, lumigoes, target, settings)
+
+    def heartbeats(ns: str) -> list[LogSeen]:
+        return [
+            r
+            for r in sink.logs()
+            if r.scope == HEARTBEAT_SCOPE and r.resource.get("k8s.namespace.name") == ns
+        ]
+
+    try:
+        wait_until(
+            lambda: sum(1 for o in lumigoes.store.list() if o.get("status")) == 2,
+            30,
+            "both active Lumigoes in the informer",
+        )
+        assert reconciler.sync()
+        secret = kube.get(SECRETS, target.secret_name, namespace)
+        config = base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+        with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+            wait_until(
+                lambda: all(len(heartbeats(ns)) >= 2 for ns in tokens),
+                60,
+                "two heartbeats of each monitored namespace",
+            )
+        for ns, token in tokens.items():
+            for record in heartbeats(ns):
+                assert record.authorization == f"LumigoToken {token}"
+                lumigo = the_object(record)
+                assert lumigo["kind"] == "Lumigo"
+                assert lumigo["metadata"]["namespace"] == ns
+                assert lumigo["spec"]["lumigoToken"]["secretRef"]["name"]
+                assert lumigo["status"]["conditions"]
+                assert token not in str(record.body)  # the reference to the Secret only
+        assert not [r for r in sink.logs() if r.scope == HEARTBEAT_SCOPE
+                    and r.resource.get("k8s.namespace.name") not in tokens]  # fmt: skip
     finally:
         lumigoes.stop()

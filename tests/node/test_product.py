@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.telemetry.config import HEARTBEAT_SCOPE
 from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, deployment_available, get_json, is_injected
@@ -228,6 +229,21 @@ def test_the_namespace_events_and_objects_reach_the_sink_with_its_token(
     )
     for record in deployments + events:
         assert record.authorization == f"LumigoToken {TOKEN}"
+    # The namespace heartbeat: the README's Lumigo, spec and status, at start and every 20 s.
+    heartbeats = wait_for(
+        lambda: [
+            r
+            for r in product.sink.logs()
+            if r.scope == HEARTBEAT_SCOPE and r.resource.get("k8s.namespace.name") == APPS_NS
+        ][1:],
+        120,
+        "two heartbeats of the namespace",
+    )
+    for record in heartbeats:
+        assert record.authorization == f"LumigoToken {TOKEN}"
+        lumigo = the_object(record)
+        assert (lumigo["kind"], lumigo["metadata"]["name"]) == ("Lumigo", "lumigo")
+        assert lumigo["status"]["conditions"], lumigo
     # Nothing of the operator's namespace (no Lumigo there) is collected.
     assert not [r for r in product.sink.logs() if the_object(r).get("metadata", {}).get(
         "namespace") == OPERATOR_NS]  # fmt: skip

@@ -9,6 +9,7 @@ import yaml
 
 from controller.telemetry.config import (
     COLLECTED_OBJECTS,
+    HEARTBEAT_SCOPE,
     MonitoredNamespace,
     Origin,
     ProxySettings,
@@ -77,7 +78,10 @@ def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
         assert all(o["namespaces"] == [name] and o["mode"] == "watch" for o in receiver["objects"])
         exporter = config["exporters"][f"otlp_http/ns-{name}"]
         assert exporter["headers"] == {"Authorization": f"LumigoToken {token}"}
-        assert pipelines[f"logs/ns-{name}"]["receivers"] == [f"k8s_objects/{name}"]
+        assert pipelines[f"logs/ns-{name}"]["receivers"] == [
+            f"k8s_objects/{name}",
+            f"k8s_objects/heartbeat-{name}",
+        ]
         assert pipelines[f"logs/ns-{name}"]["exporters"] == [f"otlp_http/ns-{name}"]
     assert "k8s_leader_elector" in config["service"]["extensions"]
 
@@ -165,3 +169,29 @@ def test_a_bare_logs_host_gets_the_otlp_logs_path(given: str, posted_to: str) ->
     exporter = build([ns("shop")], ProxySettings(upstream_logs_endpoint=given))["exporters"]
     assert exporter["otlp_http/lumigo"]["logs_endpoint"] == posted_to
     assert exporter["otlp_http/ns-shop"]["logs_endpoint"] == posted_to
+
+
+def test_each_namespace_heartbeat_pulls_its_lumigoes_and_leaves_with_its_own_token() -> None:
+    config = build([ns("shop", TOKEN_A), ns("billing", TOKEN_B)], ProxySettings())
+    pipelines = config["service"]["pipelines"]
+    for name in ("shop", "billing"):
+        receiver = config["receivers"][f"k8s_objects/heartbeat-{name}"]
+        assert receiver["k8s_leader_elector"] == "k8s_leader_elector"
+        (pulled,) = receiver["objects"]
+        assert pulled == {
+            "name": "lumigoes", "group": "operator.lumigo.io", "mode": "pull", "interval": "1h",
+            "namespaces": [name],
+        }  # fmt: skip
+        processors = pipelines[f"logs/ns-{name}"]["processors"]
+        # the scope is set while each pull is still a batch of its own
+        assert processors.index("transform/heartbeat") < processors.index("batch/events")
+    statements = config["processors"]["transform/heartbeat"]["log_statements"]
+    assert statements == [
+        f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "Lumigo"'
+    ]
+
+
+@pytest.mark.parametrize("interval", ["", "1d", "0s", "1h; x", "10", "-1m", '1h"'])
+def test_a_heartbeat_interval_that_is_not_a_duration_is_refused(interval: str) -> None:
+    with pytest.raises(ValueError, match="invalid heartbeat interval"):
+        ProxySettings(heartbeat_interval=interval)
