@@ -32,7 +32,7 @@ def arm64(tmp_path_factory: pytest.TempPathFactory, injector_payload: Path) -> P
     payload = out / "payload"
     (payload / "injector").mkdir(parents=True)
     shutil.copy2(SO, payload / "injector" / "lumigo_injector.so")
-    for part in ("nodejs", "python"):
+    for part in ("nodejs", "python", "payload.json"):  # payload.json: the completion marker
         (payload / part).symlink_to(injector_payload / part)
     return out
 
