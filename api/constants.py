@@ -25,6 +25,9 @@ FINALIZER: Final = "operator.lumigo.io/lumigo-finalizer"
 
 # --- Labels -------------------------------------------------------------------------------
 LABEL_AUTO_TRACE: Final = "lumigo.auto-trace"
+# On namespaces with an active Lumigo, maintained by the operator: the injector webhook's
+# namespaceSelector requires it, so the API server calls it nowhere else.
+LABEL_MONITORED: Final = "operator.lumigo.io/monitored"
 AUTO_TRACE_VERSION_PREFIX: Final = "lumigo-operator.v"
 AUTO_TRACE_FALSE: Final = "false"
 AUTO_TRACE_TRUE: Final = "true"

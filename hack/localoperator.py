@@ -278,7 +278,25 @@ class OperatorProcess:
                 ]
             }
 
-        def hook(name: str, path: str, rules: list[JSON], policy: str) -> JSON:
+        # As in config/webhook: the injector only where the operator labelled the namespace
+        # (an active Lumigo), so tests see a late label exactly as a cluster would.
+        injector_selector: JSON = {
+            **selector,
+            "matchExpressions": [
+                *selector.get("matchExpressions", []),
+                {"key": "operator.lumigo.io/monitored", "operator": "In", "values": ["true"]},
+            ],
+        }
+
+        opted_in_selector: JSON = {
+            **selector,
+            "matchExpressions": [
+                *selector.get("matchExpressions", []),
+                {"key": "operator.lumigo.io/monitored", "operator": "NotIn", "values": ["true"]},
+            ],
+        }
+
+        def hook(name: str, path: str, rules: list[JSON], policy: str, ns: JSON) -> JSON:
             return {
                 "name": name,
                 "clientConfig": {"url": f"{base}{path}"},  # caBundle: written by the operator
@@ -287,7 +305,7 @@ class OperatorProcess:
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 5,
-                "namespaceSelector": selector,
+                "namespaceSelector": ns,
                 # As in config/webhook: objects being deleted (finalizer removal) never need
                 # the operator, so a stopped operator cannot block its own clean-up.
                 "matchConditions": [
@@ -303,8 +321,24 @@ class OperatorProcess:
             "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": self.config_name},
             "webhooks": [
-                hook("lumigoinjector.kb.io", "/v1alpha1/inject", WORKLOAD_RULES, "Ignore"),
-                hook("lumigodefaulter.kb.io", "/v1alpha1/mutate", LUMIGO_RULES, "Fail"),
+                hook(
+                    "lumigoinjector.kb.io",
+                    "/v1alpha1/inject",
+                    WORKLOAD_RULES,
+                    "Ignore",
+                    injector_selector,
+                ),
+                {
+                    **hook(
+                        "lumigoinjector-opted-in.kb.io",
+                        "/v1alpha1/inject",
+                        WORKLOAD_RULES,
+                        "Ignore",
+                        opted_in_selector,
+                    ),
+                    "objectSelector": {"matchLabels": {"lumigo.auto-trace": "true"}},
+                },
+                hook("lumigodefaulter.kb.io", "/v1alpha1/mutate", LUMIGO_RULES, "Fail", selector),
             ],
         }
 

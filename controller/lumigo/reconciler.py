@@ -39,7 +39,7 @@ from api import constants
 from api.effective import governing
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
 from api.marks import ROLLING_KINDS
-from controller.lumigo import removal
+from controller.lumigo import monitored, removal
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import (
     InstrumentationIncomplete,
@@ -106,9 +106,14 @@ class LumigoReconciler:
         lumigo = self._ensure_finalizer(lumigo)
         problem, reason, spec = self._problem(lumigo)
         if problem is not None:
+            if reason != st.REASON_DUPLICATE:  # a duplicate leaves the effective one's label
+                monitored.unmark(self.client, key.namespace)
             self._write_status(lumigo, st.active_updates(problem, reason), [])
             return Result(requeue_after=self.error_requeue)
         assert spec is not None
+        # Before Active: from then on the API server sends the namespace's workloads to the
+        # webhook.
+        monitored.mark(self.client, key.namespace)
         first_activation = not st.was_ever_activated(lumigo)
         removals = self._remove_opted_out(lumigo)
         watching = self._revert_broken(key.namespace)

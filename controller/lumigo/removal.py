@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from api import constants
 from api.effective import is_active
 from api.lumigo import InvalidSpecError, load_spec
+from controller.lumigo import monitored
 from controller.lumigo.instrumentation import (
     InstrumentationIncomplete,
     Instrumenter,
@@ -42,7 +43,19 @@ def finalize(client: KubeClient, instrumenter: Instrumenter, lumigo: JSON) -> Fi
     """Remove the namespace's instrumentation if wanted, then our finalizer. Raises
     InstrumentationIncomplete (the finalizer kept) if some workload could not be changed."""
     changed = remove_instrumentation(client, instrumenter, lumigo) if removal_wanted(lumigo) else 0
+    if not others_remain(client, lumigo):
+        monitored.unmark(client, lumigo["metadata"]["namespace"])
     return Finalized(changed, remove_finalizer(client, lumigo))
+
+
+def others_remain(client: KubeClient, lumigo: JSON) -> bool:
+    """Another Lumigo of the namespace that is not being deleted (it keeps the label)."""
+    meta = lumigo["metadata"]
+    items, _ = client.list(LUMIGOES, meta["namespace"])
+    return any(
+        o["metadata"]["name"] != meta["name"] and not o["metadata"].get("deletionTimestamp")
+        for o in items
+    )
 
 
 def removal_wanted(lumigo: JSON) -> bool:

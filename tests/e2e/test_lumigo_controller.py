@@ -46,6 +46,12 @@ PREFIX = "invalid Lumigo token secret reference: "
 JSON = dict[str, Any]
 
 
+def monitored(kube: KubeClient, namespace: str) -> bool:
+    """The namespace carries the label the injector webhook's namespaceSelector requires."""
+    labels = kube.get(NAMESPACES, namespace)["metadata"].get("labels") or {}
+    return labels.get(constants.LABEL_MONITORED) == "true"
+
+
 @pytest.fixture(scope="module")
 def operator(cluster: LocalCluster, kube: KubeClient, crd: Path) -> Iterator[OperatorProcess]:
     op = OperatorProcess(cluster, kube).setup()
@@ -148,6 +154,8 @@ def test_deleting_the_lumigo_removes_the_instrumentation(
     create_token_secret(kube, ns, TOKEN)
     cluster.kubectl("apply", "-n", ns, "-f", str(SAMPLE))
     wait_until(lambda: len(status(kube, ns).get("instrumentedResources", [])) == 2, 60, "2 listed")
+    # Labelled before it was reported Active: the API server now calls the injector here.
+    assert monitored(kube, ns)
     create(kube, ns, DEPLOYMENTS, "new")
     create(kube, ns, JOBS, "job")
     assert instrumented(kube.get(DEPLOYMENTS, "new", ns))
@@ -168,7 +176,8 @@ def test_deleting_the_lumigo_removes_the_instrumentation(
     # and did not leave its handshake label behind.
     labels = kube.get(DEPLOYMENTS, "new", ns)["metadata"].get("labels") or {}
     assert constants.LABEL_AUTO_TRACE not in labels
-    # Without a Lumigo, new workloads are left alone.
+    # Without a Lumigo, new workloads are left alone: the injector is not even called.
+    assert not monitored(kube, ns)
     assert clean(create(kube, ns, DEPLOYMENTS, "later"))
 
 
@@ -235,6 +244,7 @@ def test_a_bad_secret_is_an_error_until_it_is_fixed(
     assert error["reason"] == "InvalidTokenSecret"
     assert TOKEN not in json.dumps(status(kube, ns))
     assert condition(kube, ns, "Active") is None  # never active yet: no Active condition
+    assert not monitored(kube, ns)  # the injector is not called for this namespace
     assert clean(kube.get(DEPLOYMENTS, "waiting", ns))
     table = cluster.kubectl("get", "lumigoes", "-n", ns)
     assert PREFIX.strip() in table  # the printer column says what to fix
@@ -243,6 +253,7 @@ def test_a_bad_secret_is_an_error_until_it_is_fixed(
     cluster.kubectl("delete", "secret", "lumigo-credentials", "-n", ns, "--ignore-not-found")
     create_token_secret(kube, ns, TOKEN)
     wait_until(lambda: is_active(kube, ns), 60, "Active after the fix")
+    assert monitored(kube, ns)
     wait_until(lambda: instrumented(kube.get(DEPLOYMENTS, "waiting", ns)), 30, "instrumented")
     assert (condition(kube, ns, "Error") or {}).get("status") == "False"
 
@@ -263,12 +274,15 @@ def test_a_second_lumigo_is_denied_or_flagged(
 
     # Created anyway while the defaulter is not registered: the controller flags it.
     config = kube.get(MUTATING_WEBHOOK_CONFIGURATIONS, operator.config_name)
+    names = [w["name"] for w in config["webhooks"]]
+    path = f"/webhooks/{names.index(constants.DEFAULTER_WEBHOOK_NAME)}"
     kube.json_patch(MUTATING_WEBHOOK_CONFIGURATIONS, operator.config_name,
-                    [{"op": "remove", "path": "/webhooks/1"}])  # fmt: skip
+                    [{"op": "remove", "path": path}])  # fmt: skip
     try:
         cluster.kubectl("apply", "-n", ns, "-f", "-", input=second)
     finally:
-        restore = [{"op": "add", "path": "/webhooks/1", "value": config["webhooks"][1]}]
+        defaulter = config["webhooks"][names.index(constants.DEFAULTER_WEBHOOK_NAME)]
+        restore = [{"op": "add", "path": path, "value": defaulter}]
         kube.json_patch(MUTATING_WEBHOOK_CONFIGURATIONS, operator.config_name, restore)
     wait_until(
         lambda: (condition(kube, ns, "Error", "second") or {}).get("message")
@@ -449,3 +463,39 @@ def test_the_controller_leaves_the_excluded_containers_of_existing_workloads_unt
         30,
         "the Warning about the unknown container",
     )
+
+
+def inject_requests(operator: OperatorProcess) -> float:
+    """Admission requests the injector path has served (its webhook request counter)."""
+    code, text = operator.probe("/metrics")
+    assert code == 200, text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("controller_runtime_webhook_requests_total{") and (
+            'webhook="/v1alpha1/inject"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_the_api_server_calls_the_injector_only_where_a_lumigo_is_active_or_a_workload_opted_in(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    """The injector's namespaceSelector needs the label the operator keeps on namespaces with an
+    active Lumigo; its second entry takes workloads labelled lumigo.auto-trace=true elsewhere."""
+    plain = operator.new_namespace()
+    before = inject_requests(operator)
+    create(kube, plain, DEPLOYMENTS, "unmonitored")
+    create(kube, plain, CRONJOBS, "unmonitored-cron")
+    assert inject_requests(operator) == before  # no call at all
+    create(kube, plain, DEPLOYMENTS, "opted-in", **{constants.LABEL_AUTO_TRACE: "true"})
+    assert inject_requests(operator) == before + 1  # the opted-in entry, once
+
+    monitored_ns = operator.new_namespace()
+    create_token_secret(kube, monitored_ns, TOKEN)
+    cluster.kubectl("apply", "-n", monitored_ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, monitored_ns), 60, "Active")
+    assert monitored(kube, monitored_ns)
+    before = inject_requests(operator)
+    assert instrumented(create(kube, monitored_ns, DEPLOYMENTS, "new"))
+    assert inject_requests(operator) == before + 1  # once, not once per entry

@@ -281,8 +281,13 @@ def test_non_default_values_are_rendered() -> None:
          "namespace": "observability"}
     ]  # fmt: skip
     injector = find(docs, "MutatingWebhookConfiguration", injector_name)
-    (expression,) = injector["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    expression, monitored = injector["webhooks"][0]["namespaceSelector"]["matchExpressions"]
     assert expression["values"] == ["observability", "kube-system"]
+    assert monitored == {
+        "key": "operator.lumigo.io/monitored",
+        "operator": "In",
+        "values": ["true"],
+    }
     job = find(docs, "Job", "acme-tracing-uninstall-hook")
     assert "--timeout=300s" in job["spec"]["template"]["spec"]["containers"][0]["command"]
     # Debug keeps the hook Job (and its RBAC) for inspection.
@@ -448,10 +453,13 @@ def test_helm_install_upgrade_uninstall(full_cluster: LocalCluster, release: Hel
     defaulter = get_json(
         cluster, "mutatingwebhookconfiguration", f"{fullname}-defaulter-webhook-configuration"
     )
-    (inject,) = injector["webhooks"]
+    inject, opted_in = injector["webhooks"]
     (default,) = defaulter["webhooks"]
     assert (inject["name"], inject["clientConfig"]["service"]["path"]) == (
         "lumigoinjector.kb.io", "/v1alpha1/inject"
+    )  # fmt: skip
+    assert (opted_in["name"], opted_in["clientConfig"]["service"]["path"]) == (
+        "lumigoinjector-opted-in.kb.io", "/v1alpha1/inject"
     )  # fmt: skip
     assert (inject["failurePolicy"], inject["timeoutSeconds"], inject["sideEffects"]) == (
         "Ignore", 5, "None"

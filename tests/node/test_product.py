@@ -123,19 +123,19 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
                        f"app.kubernetes.io/instance={product.release.name}")["items"]  # fmt: skip
     assert len(configs) == 2
     for config in configs:
-        (hook,) = config["webhooks"]
-        client = hook["clientConfig"]
-        assert "url" not in client
-        assert client["service"]["name"] == f"{fullname}-webhooks-service"
-        assert client["service"]["namespace"] == OPERATOR_NS
-        bundle = wait_for(
-            lambda c=config: get_json(
-                product.cluster, "mutatingwebhookconfiguration", c["metadata"]["name"]
-            )["webhooks"][0]["clientConfig"].get("caBundle"),
-            60,
-            "the caBundle written by the operator",
-        )
-        assert ca.strip() in decode({"data": {"b": bundle}}, "b")
+        for i, hook in enumerate(config["webhooks"]):
+            client = hook["clientConfig"]
+            assert "url" not in client
+            assert client["service"]["name"] == f"{fullname}-webhooks-service"
+            assert client["service"]["namespace"] == OPERATOR_NS
+            bundle = wait_for(
+                lambda c=config, i=i: get_json(
+                    product.cluster, "mutatingwebhookconfiguration", c["metadata"]["name"]
+                )["webhooks"][i]["clientConfig"].get("caBundle"),
+                60,
+                "the caBundle written by the operator",
+            )
+            assert ca.strip() in decode({"data": {"b": bundle}}, "b")
 
     # The API server calls both through the Service's ClusterIP: the defaulter (failurePolicy
     # Fail) admits a Lumigo, and the injector mutates a Deployment.

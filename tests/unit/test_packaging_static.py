@@ -341,8 +341,20 @@ def test_manager_flags_follow_the_contract() -> None:
 
 def test_webhooks_follow_the_contract() -> None:
     injector, defaulter = load(CONFIG / "webhook" / "manifests.yaml")
-    (inject,) = injector["webhooks"]
+    inject, opted_in = injector["webhooks"]
     (default,) = defaulter["webhooks"]
+    # The second injector entry: labelled workloads where the first one is not registered, and
+    # nothing else (disjoint namespaces, so nothing is sent twice).
+    assert opted_in["name"] == "lumigoinjector-opted-in.kb.io"
+    assert opted_in["objectSelector"] == {"matchLabels": {constants.LABEL_AUTO_TRACE: "true"}}
+    assert opted_in["namespaceSelector"]["matchExpressions"][-1] == {
+        "key": constants.LABEL_MONITORED,
+        "operator": "NotIn",
+        "values": ["true"],
+    }
+    assert {k: v for k, v in opted_in.items() if k not in ("name", "namespaceSelector",
+            "objectSelector")} == {k: v for k, v in inject.items() if k not in (
+            "name", "namespaceSelector")}  # fmt: skip
     assert inject["name"] == constants.INJECTOR_WEBHOOK_NAME
     assert inject["clientConfig"]["service"]["path"] == constants.INJECT_PATH
     assert (inject["failurePolicy"], inject["timeoutSeconds"], inject["sideEffects"]) == (
@@ -357,12 +369,15 @@ def test_webhooks_follow_the_contract() -> None:
         (api.rpartition("/")[0], plural) for api, _, plural in constants.WORKLOAD_KINDS
     }
     assert all(rule["operations"] == ["CREATE", "UPDATE"] for rule in inject["rules"])
-    (expression,) = inject["namespaceSelector"]["matchExpressions"]
-    assert expression == {
-        "key": "kubernetes.io/metadata.name",
-        "operator": "NotIn",
-        "values": ["lumigo-system", "kube-system"],
-    }
+    # Only namespaces with an active Lumigo (the label the operator maintains), never its own.
+    assert inject["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "NotIn",
+            "values": ["lumigo-system", "kube-system"],
+        },
+        {"key": constants.LABEL_MONITORED, "operator": "In", "values": ["true"]},
+    ]
     assert default["name"] == constants.DEFAULTER_WEBHOOK_NAME
     assert default["clientConfig"]["service"]["path"] == constants.MUTATE_PATH
     assert (default["failurePolicy"], default["timeoutSeconds"]) == ("Fail", 5)
@@ -390,8 +405,10 @@ def test_csv_runs_the_manager_with_olm_managed_certificates() -> None:
 
 def test_csv_webhookdefinitions_match_config() -> None:
     definitions = {d["generateName"]: d for d in csv()["spec"]["webhookdefinitions"]}
+    # Under OLM (no namespaceSelector) the first injector entry covers the opted-in one's.
+    assert "lumigoinjector-opted-in.kb.io" not in definitions
     for config in load(CONFIG / "webhook" / "manifests.yaml"):
-        (webhook,) = config["webhooks"]
+        webhook = config["webhooks"][0]
         got = definitions[webhook["name"]]
         assert got["type"] == "MutatingAdmissionWebhook"
         assert got["webhookPath"] == webhook["clientConfig"]["service"]["path"]
