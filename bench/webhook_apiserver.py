@@ -8,7 +8,12 @@ kubectl (a Go client, like most users' tooling) creates the Deployments from one
 each; rounds alternate between the two namespaces and the medians are compared.
 Prints the figures and writes bench/results/webhook_apiserver.json.
 
-    .venv/bin/python bench/webhook_apiserver.py [--count 500] [--rounds 3]
+`--label-selector` registers the webhooks as the product does (namespaceSelector on the
+operator.lumigo.io/monitored label, which only the instrumented namespace has) and, after the
+alternating rounds, times the plain namespace again with no webhook registered at all: the plain
+namespace with the webhook registered should cost exactly that (the API server never calls it).
+
+    .venv/bin/python bench/webhook_apiserver.py [--count 500] [--rounds 3] [--label-selector]
 """
 
 from __future__ import annotations
@@ -110,8 +115,15 @@ def main() -> int:
         action="store_true",
         help="drop the Added events instead of posting them (isolates the webhook's own cost)",
     )
+    parser.add_argument(
+        "--label-selector",
+        action="store_true",
+        help="select namespaces by the operator.lumigo.io/monitored label, then time the plain"
+        " namespace with no webhook registered",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
+    unregistered: list[float] = []
     with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         instrumented, plain = "bench-instrumented", "bench-plain"
@@ -151,6 +163,12 @@ def main() -> int:
             )
             url = f"https://127.0.0.1:{server.port}{PATH}"
             config = operator_configuration("bench-webhook", instrumented, url.rsplit(PATH, 1)[0])
+            if args.label_selector:
+                monitored = {"matchLabels": {constants.LABEL_MONITORED: "true"}}
+                for hook in config["webhooks"]:
+                    hook["namespaceSelector"] = monitored
+                cluster.kubectl("label", "namespace", instrumented,
+                                f"{constants.LABEL_MONITORED}=true")  # fmt: skip
             with (
                 registered(kube, config) as name,
                 cert_stack(kube, policy(instrumented), [name], tls=tls) as stack,
@@ -186,6 +204,10 @@ def main() -> int:
                 assert injected != args.noop
                 plain_obj = kube.get(DEPLOYMENTS, "r0-0", plain)
                 assert not workloads.init_container_names(plain_obj)
+            if args.label_selector:  # the configuration is gone: no webhook at all now
+                for r in range(args.rounds):
+                    path = deployments_file(Path(tmp), f"u{r}", args.count)
+                    unregistered.append(timed_create(cluster, plain, path))
             accepted = server.accepted
             admissions = _served()
             handler_seconds = REGISTRY.get_sample_value(
@@ -212,9 +234,12 @@ def main() -> int:
         "admissions_served": admissions,
         "server_side_mean_ms": round(handler_seconds / admissions * 1000, 3),
         "target_ratio": 1.15,
+        "label_selector": args.label_selector,
+        "plain_without_any_webhook_seconds": unregistered,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before},
     }
     suffix = ("_noop" if args.noop else "") + ("_no_events" if args.no_events else "")
+    suffix += "_label_selector" if args.label_selector else ""
     results = Path(str(RESULTS).format(suffix))
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(result, indent=2) + "\n")
@@ -229,6 +254,13 @@ def main() -> int:
         f"webhook: {admissions:.0f} admissions over {accepted} TLS connection(s), "
         f"server-side mean {result['server_side_mean_ms']} ms"
     )
+    if unregistered:
+        bare = statistics.median(unregistered)
+        print(
+            f"plain namespace with no webhook registered: {bare:.2f} s; with the label-selected"
+            f" webhook registered: {med[plain]:.2f} s, ratio {med[plain] / bare:.3f}; "
+            f"instrumented / no webhook {med[instrumented] / bare:.3f}"
+        )
     print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
