@@ -9,6 +9,10 @@ Deployment review on keep-alive connections:
 Prints the figures and writes bench/results/webhook_direct.json.
 
     .venv/bin/python bench/webhook_direct.py [--duration 20] [--rate 100] [--connections 8]
+
+--target https://127.0.0.1:<port>/<path> --ca <file> measures another webhook server on this
+machine with exactly the same requests instead of ours: the "Go-equivalent" line of the README
+comes from the reference operator's webhook, built and started by the reader (see the README).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +98,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def offered_load(port: int, ca: Path, body: bytes, rate: float, duration: float) -> dict[str, Any]:
+def offered_load(
+    port: int, ca: Path, body: bytes, rate: float, duration: float, path: str = PATH
+) -> dict[str, Any]:
     ctx = ssl.create_default_context(cafile=str(ca))
     client = reviews.Client(port, ctx)
     for _ in range(200):  # warm up the connection and the server's code paths
-        client.post(PATH, body)
+        client.post(path, body)
     latencies: list[float] = []  # send -> response: what a caller waits
     lags: list[float] = []  # scheduled send -> response: adds the generator's own wake-up lag
     errors = 0
@@ -109,7 +116,7 @@ def offered_load(port: int, ca: Path, body: bytes, rate: float, duration: float)
         if delay > 0:
             time.sleep(delay)
         sent = time.perf_counter()
-        status, _ = client.post(PATH, body)
+        status, _ = client.post(path, body)
         done = time.perf_counter()
         latencies.append(done - sent)
         lags.append(done - scheduled)
@@ -135,7 +142,9 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def saturation(port: int, body: bytes, connections: int, duration: float) -> dict[str, Any]:
+def saturation(
+    port: int, body: bytes, connections: int, duration: float, path: str = PATH
+) -> dict[str, Any]:
     wrk = shutil.which("wrk")
     if wrk is None:
         raise SystemExit("wrk is missing: run hack/install-wrk")
@@ -155,7 +164,7 @@ def saturation(port: int, body: bytes, connections: int, duration: float) -> dic
                 "--latency",
                 "-s",
                 script.name,
-                f"https://127.0.0.1:{port}{PATH}",
+                f"https://127.0.0.1:{port}{path}",
             ],
             capture_output=True,
             text=True,
@@ -198,18 +207,18 @@ def loadavg() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--rate", type=float, default=100.0)
-    parser.add_argument("--connections", type=int, default=8)
-    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve)
-        return 0
-    body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
-    info = machine()
+def local_target(url: str) -> tuple[int, str]:
+    """(port, path) of an https URL on this machine: the load generators dial 127.0.0.1."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme != "https" or parsed.hostname not in ("127.0.0.1", "localhost"):
+        raise SystemExit(f"--target must be https://127.0.0.1:<port>/<path>, not {url!r}")
+    if parsed.port is None:
+        raise SystemExit(f"--target needs a port: {url!r}")
+    return parsed.port, parsed.path or "/"
+
+
+def measure_ours(body: bytes, args: argparse.Namespace) -> tuple[str, Any, Any]:
+    """Our server in its own process (as in production): offered load, then saturation."""
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         child = subprocess.Popen([sys.executable, __file__, "--serve", str(directory)])
@@ -223,6 +232,32 @@ def main() -> int:
         finally:
             child.terminate()
             child.wait(30)
+    return handler, offered, saturated
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--target", help="https://127.0.0.1:<port>/<path> of another webhook")
+    parser.add_argument("--ca", type=Path, help="with --target: the CA of its certificate")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return 0
+    body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
+    info = machine()
+    if args.target:
+        port, path = local_target(args.target)
+        if args.ca is None:
+            parser.error("--target needs --ca (the CA that signed the target's certificate)")
+        handler = f"target {args.target}"
+        offered = offered_load(port, args.ca, body, args.rate, args.duration, path)
+        saturated = saturation(port, body, args.connections, args.duration, path)
+    else:
+        handler, offered, saturated = measure_ours(body, args)
     result = {
         "benchmark": "webhook_direct",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -233,8 +268,9 @@ def main() -> int:
         "saturation": saturated,
         "targets": {"p99_ms_at_100rps": 5.0, "min_rps_saturated": 1500},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    results = RESULTS.with_name("webhook_direct_target.json") if args.target else RESULTS
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"handler: {handler}; request {len(body)} bytes; {info['cpus']} CPUs ({info['cpu_model']})"
     )
@@ -249,7 +285,7 @@ def main() -> int:
         f"p50 {saturated['p50_ms']} ms, p99 {saturated['p99_ms']} ms, "
         f"non-2xx {saturated['non_2xx']}"
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 
