@@ -22,7 +22,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
-from webhook_direct import PATH, machine, percentile  # noqa: E402
+from webhook_direct import machine, offered_load  # noqa: E402
 
 from controller.lumigo.resources import LUMIGOES  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
@@ -52,47 +51,6 @@ RESULTS = ROOT / "bench" / "results" / "webhook_busy_controller.json"
 CRD = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
 # No controller-manager runs here, so no rollout completes: the controller's own pace, unpaced.
 UNPACED = lumigo_yaml(tracing={"injection": {"maxConcurrentRollouts": 0}})
-
-
-def admissions(
-    port: int, ca: Path, body: bytes, rate: float, until: threading.Event, min_s: float
-) -> dict[str, Any]:
-    """Open-loop admissions on one keep-alive connection until `until` is set (and at least
-    `min_s` seconds)."""
-    client = reviews.Client(port, ssl.create_default_context(cafile=str(ca)))
-    for _ in range(200):  # warm up the connection and the handler's code paths
-        client.post(PATH, body)
-    latencies: list[float] = []
-    lags: list[float] = []
-    errors = 0
-    start = time.perf_counter() + 0.1
-    i = 0
-    while not until.is_set() or time.perf_counter() - start < min_s:
-        scheduled = start + i / rate
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        sent = time.perf_counter()
-        status, _ = client.post(PATH, body)
-        done = time.perf_counter()
-        latencies.append(done - sent)
-        lags.append(done - scheduled)
-        errors += status != 200
-        i += 1
-    client.close()
-
-    def ms(values: list[float], q: float) -> float:
-        return round(percentile(values, q) * 1000, 3)
-
-    return {
-        "requests": len(latencies),
-        "seconds": round(time.perf_counter() - start, 1),
-        "errors": errors,
-        "p50_ms": ms(latencies, 0.50),
-        "p99_ms": ms(latencies, 0.99),
-        "max_ms": round(max(latencies) * 1000, 3),
-        "from_schedule_p99_ms": ms(lags, 0.99),
-    }
 
 
 def instrumented_count(kube: KubeClient, namespace: str) -> int:
@@ -147,9 +105,7 @@ def measure(
     work: Callable[[], None],
 ) -> dict[str, Any]:
     """Admissions with the controller idle, then while `work` runs in another thread."""
-    done = threading.Event()
-    done.set()
-    idle = admissions(port, ca, body, rate, done, idle_seconds)
+    idle = offered_load(port, ca, body, rate, idle_seconds)
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -163,7 +119,7 @@ def measure(
 
     worker = threading.Thread(target=run_work, daemon=True)
     worker.start()
-    busy = admissions(port, ca, body, rate, done, 0)
+    busy = offered_load(port, ca, body, rate, 0, until=done)
     worker.join()
     if failure:
         raise failure[0]

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -99,8 +100,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def offered_load(
-    port: int, ca: Path, body: bytes, rate: float, duration: float, path: str = PATH
+    port: int,
+    ca: Path,
+    body: bytes,
+    rate: float,
+    duration: float,
+    path: str = PATH,
+    *,
+    until: threading.Event | None = None,
 ) -> dict[str, Any]:
+    """Open loop at `rate`/s on one keep-alive connection for `duration` seconds, and then on
+    until `until` is set when given (a load measured while some other work runs)."""
     ctx = ssl.create_default_context(cafile=str(ca))
     client = reviews.Client(port, ctx)
     for _ in range(200):  # warm up the connection and the server's code paths
@@ -110,7 +120,8 @@ def offered_load(
     errors = 0
     total = int(rate * duration)
     start = time.perf_counter() + 0.1
-    for i in range(total):
+    i = 0
+    while i < total or (until is not None and not until.is_set()):
         scheduled = start + i / rate
         delay = scheduled - time.perf_counter()
         if delay > 0:
@@ -121,12 +132,14 @@ def offered_load(
         latencies.append(done - sent)
         lags.append(done - scheduled)
         errors += status != 200
+        i += 1
     client.close()
     elapsed = time.perf_counter() - start
     return {
         "offered_rps": rate,
-        "achieved_rps": round(total / elapsed, 1),
-        "requests": total,
+        "achieved_rps": round(i / elapsed, 1),
+        "requests": i,
+        "seconds": round(elapsed, 1),
         "errors": errors,
         "p50_ms": round(percentile(latencies, 0.50) * 1000, 3),
         "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
