@@ -9,6 +9,7 @@ containerd (pull policy IfNotPresent), so nothing is pulled.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Any
@@ -31,7 +32,13 @@ from tests.node.product import (
     rolled_out,
     wait_for,
 )
-from tests.support.olm import CSV_NAME, PACKAGE, running_olm, subscribe
+from tests.support.olm import (
+    CSV_NAME,
+    PACKAGE,
+    running_olm,
+    subscribe,
+    wait_for_subscription_env,
+)
 
 CSV = ROOT / "bundle" / "manifests" / f"{PACKAGE}.clusterserviceversion.yaml"
 # relatedImages name -> the image hack/build-images builds for it
@@ -61,9 +68,31 @@ def csv_images() -> dict[str, str]:
 
 
 def diagnosis(cluster: LocalCluster, namespace: str) -> str:
-    """What the operator's namespace looks like: pods with restarts, the proxy's configuration
-    hash, the last log lines of the manager and the proxy."""
-    lines = [cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False)]
+    """What the operator's namespace looks like: pods and ReplicaSets (with the env OLM gave
+    them), the proxy configuration's writes and endpoints, the last log lines of the manager
+    and the proxy."""
+    lines = [cluster.kubectl("get", "pods,replicasets", "-n", namespace, "-o", "wide",
+                             check=False)]  # fmt: skip
+    env_names = ("jsonpath={range .items[*]}{.metadata.name} env: "
+                 "{.spec.template.spec.containers[*].env[*].name}{'\\n'}{end}")  # fmt: skip
+    lines.append(cluster.kubectl("get", "replicasets", "-n", namespace, "-o", env_names,
+                                 check=False))  # fmt: skip
+    lines.append(cluster.kubectl("get", "pods", "-n", namespace, "-o",
+                                 "custom-columns=NAME:.metadata.name,CREATED:.metadata."
+                                 "creationTimestamp,DELETED:.metadata.deletionTimestamp",
+                                 check=False))  # fmt: skip
+    try:
+        secret = get_json(cluster, "secret", f"{FULLNAME}-telemetry-proxy-config", "-n",
+                          namespace, "--show-managed-fields")  # fmt: skip
+    except Exception as err:  # a diagnosis never hides the failure it explains
+        lines.append(f"proxy configuration: {err}")
+    else:
+        writes = [f"{m.get('manager')} {m.get('operation')} {m.get('time')}"
+                  for m in secret["metadata"].get("managedFields") or []]  # fmt: skip
+        data = next(iter((secret.get("data") or {}).values()), "")
+        config = base64.b64decode(data).decode()
+        endpoints = sorted({line.strip() for line in config.splitlines() if "endpoint:" in line})
+        lines.append(f"proxy configuration: written {writes}; endpoints {endpoints}")
     for selector in (
         "control-plane=controller-manager",
         "app.kubernetes.io/component=telemetry-proxy",
@@ -85,11 +114,13 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
             with running_olm(cluster) as olm:
                 ns = olm.operator_namespace
                 url = f"http://{node.node_ip}:{sink.port}"
-                subscribe(olm, env=[
+                env = [
                     {"name": "LUMIGO_ENDPOINT", "value": url},
                     {"name": "LUMIGO_LOGS_ENDPOINT", "value": f"{url}/v1/logs"},
                     {"name": "KUBERNETES_CLUSTER_NAME", "value": "olm-node"},
-                ])  # fmt: skip
+                ]
+                subscribe(olm, env=env)
+                wait_for_subscription_env(olm, {e["name"] for e in env})
                 csv = get_json(cluster, "csv", CSV_NAME, "-n", ns)
                 assert csv["status"]["phase"] == "Succeeded"
 
@@ -148,7 +179,8 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                     """Every live proxy pod is younger than the configuration's last write: a
                     write that lands after the spans (the Secret is rewritten as the operator
                     learns more) is followed by a restart too, so this is checked eventually."""
-                    secret = get_json(cluster, "secret", f"{proxy}-config", "-n", ns)
+                    secret = get_json(cluster, "secret", f"{proxy}-config", "-n", ns,
+                                  "--show-managed-fields")  # fmt: skip
                     written = last_write(secret)
                     assert written is not None
                     pods = get_json(cluster, "pods", "-n", ns, "-l", selector)["items"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -207,3 +208,64 @@ def subscribe(olm: LocalOlm, env: list[dict[str, str]] | None = None) -> None:
         240,
         f"CSV {CSV_NAME} Succeeded",
     )
+
+
+def _rolled_out(deployment: dict[str, Any]) -> bool:
+    """Every pod is of the current template and available, none of an older one is left."""
+    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    want = spec.get("replicas", 1)
+    return (
+        status.get("observedGeneration", 0) >= deployment["metadata"].get("generation", 0)
+        and status.get("replicas", 0) == want
+        and status.get("updatedReplicas", 0) == want
+        and status.get("availableReplicas", 0) == want
+    )
+
+
+def _env_names(deployment: dict[str, Any]) -> set[str]:
+    containers = deployment["spec"]["template"]["spec"].get("containers") or []
+    return {e["name"] for c in containers for e in c.get("env") or []}
+
+
+def wait_for_subscription_env(olm: LocalOlm, names: set[str], stable: float = 20.0) -> None:
+    """Wait until every Deployment of the CSV runs, rolled out, with the Subscription's
+    config.env (`names`), and stays so for `stable` seconds.
+
+    OLM takes the Subscription's config from its cache, found by `status.installedCSV`; a
+    Deployment installed or re-installed while that cache does not show it yet gets no config
+    (operator-framework/operator-lifecycle-manager#2725: a second ReplicaSet, with or without
+    the env). OLM applies the config again on any change of the Subscription, which is what a
+    user would do; so a rolled-out Deployment without the env gets the Subscription annotated.
+    """
+    cluster, namespace = olm.cluster, olm.operator_namespace
+    nudged_at = 0.0
+    since: float | None = None
+
+    def settled() -> bool:
+        nonlocal nudged_at, since
+        deployments = get_json(cluster, "deployments", "-n", namespace, "-l",
+                               f"olm.owner={CSV_NAME}")["items"]  # fmt: skip
+        now = time.monotonic()
+        missing = [d["metadata"]["name"] for d in deployments if not names <= _env_names(d)]
+        if missing and all(_rolled_out(d) for d in deployments) and now - nudged_at > 20:
+            print(f"OLM installed {missing} without the Subscription's env; annotating it")
+            cluster.kubectl("annotate", "subscription", PACKAGE, "-n", namespace, "--overwrite",
+                            f"test.lumigo.io/reapply={uuid.uuid4().hex[:8]}")  # fmt: skip
+            nudged_at = now
+        ok = bool(deployments) and not missing and all(_rolled_out(d) for d in deployments)
+        if not ok:
+            since = None
+            return False
+        since = since if since is not None else now
+        return now - since >= stable
+
+    what = f"the CSV's Deployments rolled out with the env {sorted(names)}"
+    try:
+        wait_until(settled, 300, what, interval=1.0)
+    except TimeoutError as err:
+        deployments = get_json(cluster, "deployments", "-n", namespace)["items"]
+        state = [(d["metadata"]["name"], sorted(_env_names(d)), _rolled_out(d))
+                 for d in deployments]  # fmt: skip
+        status = get_json(cluster, "subscription", PACKAGE, "-n", namespace).get("status", {})
+        installed = status.get("installedCSV")
+        raise AssertionError(f"{err}: {state}; Subscription installedCSV {installed!r}") from err
