@@ -641,8 +641,13 @@ def remove(obj: Mapping[str, Any], kind: str | None = None) -> JSON:
 def _remove_pod_spec(pod_spec: JSON) -> bool:
     changed = _drop(pod_spec, "initContainers", _is_our_init_container)
     for container in pod_spec.get("containers") or []:
+        # The env names we inject are the Lumigo tracer's own: a container we never instrumented
+        # may set them itself (an app traced by hand, the operator's own pods configured through
+        # them), so they are ours to remove only next to our mount or our LD_PRELOAD.
+        instrumented = _carries_our_instrumentation(container)
         changed |= _drop(container, "volumeMounts", _is_our_mount)
-        changed |= _restore_env(container)
+        if instrumented:
+            changed |= _restore_env(container)
     still_used = any(
         _is_our_mount(m)
         for c in pod_spec.get("initContainers") or []
@@ -651,6 +656,17 @@ def _remove_pod_spec(pod_spec: JSON) -> bool:
     if not still_used:  # dropping a volume something still mounts would make the object invalid
         changed |= _drop(pod_spec, "volumes", _is_our_volume)
     return changed
+
+
+def _carries_our_instrumentation(container: JSON) -> bool:
+    """Our payload mount, our LD_PRELOAD, or the user's LD_PRELOAD we set aside."""
+    if any(_is_our_mount(m) for m in container.get("volumeMounts") or []):
+        return True
+    env = container.get("env") or []
+    i = _index(env, constants.ENV_LD_PRELOAD)
+    return (i is not None and _is_our_ld_preload(env[i])) or _index(
+        env, constants.ENV_ORIGINAL_LD_PRELOAD
+    ) is not None
 
 
 def _is_our_mount(mount: JSON) -> bool:

@@ -308,6 +308,27 @@ def test_opted_out_workloads_are_stored_unchanged(kube: KubeClient, operator: Op
     assert stored["metadata"]["labels"] == {"lumigo.auto-trace": "false"}
 
 
+def test_an_opted_out_workload_keeps_its_own_lumigo_env_when_updated(
+    kube: KubeClient, operator: Operator
+) -> None:
+    """An app traced by hand (or the operator's own pods, configured through LUMIGO_ENDPOINT)
+    opts out and sets the tracer's variables itself; an update must not lose them."""
+    activate_lumigo(kube, operator)
+    body = workloads.workload(DEPLOYMENTS, "manual", labels={"lumigo.auto-trace": "false"})
+    own = [
+        {"name": "LUMIGO_TRACER_TOKEN", "value": "t_0123456789abcdef01234"},
+        {"name": "LUMIGO_ENDPOINT", "value": "http://collector.example:4318"},
+    ]
+    workloads.pod_spec(body)["containers"][0]["env"] = own
+    kube.create(DEPLOYMENTS, body, operator.namespace)
+    patch = {"spec": {"template": {"metadata": {"annotations": {"restarted": "1"}}}}}
+    kube.merge_patch(DEPLOYMENTS, "manual", patch, operator.namespace)  # an UPDATE admission
+    stored = kube.get(DEPLOYMENTS, "manual", operator.namespace)
+    assert workloads.pod_spec(stored)["containers"][0]["env"] == own
+    assert stored["spec"]["template"]["metadata"]["annotations"] == {"restarted": "1"}
+    assert workloads.init_container_names(stored) == []
+
+
 def test_workloads_in_a_namespace_without_lumigo_are_stored_unchanged(
     kube: KubeClient, operator: Operator
 ) -> None:

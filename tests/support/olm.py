@@ -227,41 +227,35 @@ def _env_names(deployment: dict[str, Any]) -> set[str]:
     return {e["name"] for c in containers for e in c.get("env") or []}
 
 
-def wait_for_subscription_env(olm: LocalOlm, names: set[str], stable: float = 20.0) -> None:
+def wait_for_subscription_env(olm: LocalOlm, names: set[str], stable: float = 10.0) -> None:
     """Wait until every Deployment of the CSV runs, rolled out, with the Subscription's
     config.env (`names`), and stays so for `stable` seconds.
 
     OLM takes the Subscription's config from its cache, found by `status.installedCSV`; a
-    Deployment installed or re-installed while that cache does not show it yet gets no config
-    (operator-framework/operator-lifecycle-manager#2725: a second ReplicaSet, with or without
-    the env). OLM applies the config again on any change of the Subscription, which is what a
-    user would do; so a rolled-out Deployment without the env gets the Subscription annotated.
+    Deployment it installs before that cache shows it gets no config, and OLM adds the env with
+    an update moments later (a second ReplicaSet; operator-framework/operator-lifecycle-manager
+    #2725). Until then the operator runs without the user's settings.
     """
     cluster, namespace = olm.cluster, olm.operator_namespace
-    nudged_at = 0.0
     since: float | None = None
 
     def settled() -> bool:
-        nonlocal nudged_at, since
+        nonlocal since
         deployments = get_json(cluster, "deployments", "-n", namespace, "-l",
                                f"olm.owner={CSV_NAME}")["items"]  # fmt: skip
-        now = time.monotonic()
-        missing = [d["metadata"]["name"] for d in deployments if not names <= _env_names(d)]
-        if missing and all(_rolled_out(d) for d in deployments) and now - nudged_at > 20:
-            print(f"OLM installed {missing} without the Subscription's env; annotating it")
-            cluster.kubectl("annotate", "subscription", PACKAGE, "-n", namespace, "--overwrite",
-                            f"test.lumigo.io/reapply={uuid.uuid4().hex[:8]}")  # fmt: skip
-            nudged_at = now
-        ok = bool(deployments) and not missing and all(_rolled_out(d) for d in deployments)
+        ok = bool(deployments) and all(
+            names <= _env_names(d) and _rolled_out(d) for d in deployments
+        )
         if not ok:
             since = None
             return False
+        now = time.monotonic()
         since = since if since is not None else now
         return now - since >= stable
 
     what = f"the CSV's Deployments rolled out with the env {sorted(names)}"
     try:
-        wait_until(settled, 300, what, interval=1.0)
+        wait_until(settled, 180, what, interval=1.0)
     except TimeoutError as err:
         deployments = get_json(cluster, "deployments", "-n", namespace)["items"]
         state = [(d["metadata"]["name"], sorted(_env_names(d)), _rolled_out(d))

@@ -392,6 +392,29 @@ def test_the_opt_out_removal_does_not_depend_on_the_lumigo() -> None:
         assert world.reasons == [("Normal", "LumigoRemovedInstrumentation")]
 
 
+def test_an_opted_out_update_keeps_the_lumigo_env_of_a_workload_we_never_instrumented() -> None:
+    """The operator's own Deployments are labelled `false` and configured through LUMIGO_ENDPOINT
+    and LUMIGO_LOGS_ENDPOINT (OLM's Subscription env); so is an app traced by hand. Under OLM,
+    which cannot scope the webhook to other namespaces, OLM's update adding that env passed
+    through here and lost the two variables: the proxy then exported to Lumigo's default."""
+    world = World()
+    obj = deployment(**{"lumigo.auto-trace": "false"})
+    own = [
+        {"name": "LUMIGO_ENDPOINT", "value": "http://sink:4318"},
+        {"name": "LUMIGO_LOGS_ENDPOINT", "value": "http://sink:4318/v1/logs"},
+        {"name": "LUMIGO_TRACER_TOKEN", "value": "t_0123456789abcdef01234"},
+        {"name": "KUBERNETES_CLUSTER_NAME", "value": "prod"},
+    ]
+    template_of(obj)["spec"]["containers"][0]["env"] = own
+    before = count("Deployment", "removed", "opted-out")
+    response = world.admit(
+        obj, operation="UPDATE", old=deployment(**{"lumigo.auto-trace": "false"})
+    )
+    assert "patch" not in response.review()["response"]
+    assert world.recorder.events == []
+    assert count("Deployment", "removed", "opted-out") == before
+
+
 def test_a_workload_created_opted_out_is_left_alone_even_if_instrumented() -> None:
     world = World()
     injected = patched_object(deployment(), world.admit(deployment()))

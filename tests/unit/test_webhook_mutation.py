@@ -297,6 +297,27 @@ def test_removal_of_a_reference_injected_workload() -> None:
     assert constants.LABEL_AUTO_TRACE not in cleaned["metadata"]["labels"]
 
 
+def test_removal_keeps_the_tracer_env_of_a_container_we_did_not_instrument() -> None:
+    """LUMIGO_* names are the tracer's: a container may set them itself. Only a container with
+    our mount or our LD_PRELOAD loses them."""
+    own = [
+        {"name": "LUMIGO_TRACER_TOKEN", "value": "t_0123456789abcdef01234"},
+        {"name": "LUMIGO_ENDPOINT", "value": "http://collector:4318"},
+        {"name": "LUMIGO_ENABLE_LOGS", "value": "true"},
+    ]
+    obj = workload("Deployment", simple_template())
+    template_of(obj)["spec"]["containers"][0]["env"] = own
+    assert remove(obj) == obj
+    # Instrumented, then a container of the user's own added: ours is cleaned, theirs kept.
+    injected = inject(workload("Deployment", simple_template()), SETTINGS)
+    template_of(injected)["spec"]["containers"].append(
+        {"name": "manual", "image": "python:3.12", "env": own}
+    )
+    cleaned = template_of(remove(injected))["spec"]["containers"]
+    assert "env" not in cleaned[0]
+    assert cleaned[1] == {"name": "manual", "image": "python:3.12", "env": own}
+
+
 def test_removal_keeps_a_volume_another_init_container_still_mounts() -> None:
     obj = inject(workload("Deployment", simple_template()), SETTINGS)
     template_of(obj)["spec"]["initContainers"].append(
