@@ -196,5 +196,24 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                 annotations = get_json(cluster, "deployment", proxy, "-n", ns)["spec"][
                     "template"]["metadata"].get("annotations") or {}  # fmt: skip
                 assert CONFIG_HASH_ANNOTATION not in annotations
+
+                # A change of the Subscription's config: OLM updates both Deployments, and those
+                # UPDATEs reach our webhook (a CSV's webhook cannot be scoped to other
+                # namespaces). Our own pods are labelled `lumigo.auto-trace=false`: the opt-out
+                # path must not take the LUMIGO_* variables OLM gave them (it once did).
+                env.append({"name": "LUMIGO_TEST_CONFIG_CHANGE", "value": "1"})
+                patch = {"spec": {"config": {"env": env}}}
+                cluster.kubectl("patch", "subscription", PACKAGE, "-n", ns, "--type=merge",
+                                "-p", json.dumps(patch))  # fmt: skip
+                wait_for_subscription_env(olm, {e["name"] for e in env})
+                before = len(traced())  # every earlier span is in: 10 s settled since
+
+                def traced_again() -> bool:
+                    return len(traced()) > before + 1
+
+                try:
+                    wait_for(traced_again, 180, "spans after the Subscription's change", interval=2)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}\n{diagnosis(cluster, ns)}") from err
         finally:
             sink.stop()
