@@ -853,6 +853,29 @@ def proxy_settled_without(product: Product, namespace: str) -> None:
     wait_until(no_old_pods, 120, "the old proxy pods gone")
 
 
+def apps_settled(product: Product) -> None:
+    """Wait until the instrumented pods are gone, not just terminating, and their last spans are
+    in: a traced pod answers readiness probes until it exits and flushes those spans as it
+    exits (one such /healthz span once landed after the baseline of "nothing arrives")."""
+
+    def gone() -> bool:
+        items = get_json(product.cluster, "pods", "-n", APPS_NS)["items"]
+        return not any(p["metadata"].get("deletionTimestamp") for p in items)
+
+    wait_until(gone, 120, f"the terminating pods of {APPS_NS} gone")
+    last = {"count": -1, "since": time.monotonic()}
+
+    def quiet() -> bool:
+        count = sum(
+            1 for s in product.sink.spans() if s.resource.get("k8s.namespace.name") == APPS_NS
+        )
+        if count != last["count"]:
+            last.update(count=count, since=time.monotonic())
+        return time.monotonic() - last["since"] >= 3.0
+
+    wait_until(quiet, 60, f"no more spans of {APPS_NS} for 3 s")
+
+
 def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
     product: Product, original_specs: dict[str, JSON]
 ) -> None:
@@ -872,6 +895,7 @@ def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
         assert "LD_PRELOAD" not in env
     proxy_settled_without(product, APPS_NS)
     pods = {name: product.pods(APPS_NS, f"app={name}")[0]["metadata"]["name"] for name in APPS}
+    apps_settled(product)
 
     # After the removal: requests to the apps, a Deployment created in the namespace; then the
     # barrier's span and Deployment arrive, and nothing of the first namespace does.
