@@ -29,6 +29,8 @@ from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, WORKLOADS
 from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
+from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
+from controller.telemetry.agent_config import AgentSettings
 from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
@@ -263,6 +265,26 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)
     manager.add_controller(telemetry.controller())
+    agent = ClusterAgentReconciler(
+        client,
+        AgentTarget(
+            namespace=opts.namespace,
+            daemonset_name=opts.cluster_agent_daemonset,
+            proxy_deployment=opts.telemetry_proxy_deployment,
+            token_secret=opts.cluster_token_secret,
+            token_key=opts.cluster_token_key,
+            pod_logs_dir=opts.pod_logs_dir,
+            state_dir=opts.cluster_agent_state_dir,
+        ),
+        AgentSettings(
+            operator_namespace=opts.namespace,
+            include=opts.cluster_logs_include,
+            exclude=opts.cluster_logs_exclude,
+            proxy=settings,
+        ),
+        enabled=opts.cluster_logs,
+    )
+    manager.add_controller(agent.controller())
 
 
 def run(opts: RunOptions) -> int:

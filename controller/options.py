@@ -7,12 +7,14 @@ brackets in `--help` are the reference operator's where one existed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from api import __version__, constants
+from controller.telemetry.agent_config import InvalidLogRuleError, LogFileRule
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -84,6 +86,30 @@ class RunOptions:
     telemetry_heartbeat_interval: str = "1h"
     cluster_name: str = ""
     deployment_method: str = "Helm"
+    cluster_logs: bool = False
+    cluster_logs_include: tuple[LogFileRule, ...] = ()
+    cluster_logs_exclude: tuple[LogFileRule, ...] = ()
+    cluster_agent_daemonset: str = "lumigo-lumigo-operator-cluster-agent"
+    cluster_token_secret: str = "lumigo-credentials"
+    cluster_token_key: str = "token"
+    pod_logs_dir: str = "/var/log/pods"
+    cluster_agent_state_dir: str = "/var/lib/lumigo-operator/cluster-agent"
+
+
+def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
+    """A JSON list of {namespacePattern, podPattern, containerPattern} ('' = none)."""
+    if not text.strip():
+        return ()
+    try:
+        entries = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"invalid log rules {text!r}: not JSON ({err})") from None
+    if not isinstance(entries, list):
+        raise argparse.ArgumentTypeError(f"invalid log rules {text!r}: expected a JSON list")
+    try:
+        return tuple(LogFileRule.from_json(entry) for entry in entries)
+    except InvalidLogRuleError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
@@ -203,6 +229,40 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", d.cluster_name))
     a("--deployment-method", default=_env("LUMIGO_DEPLOYMENT_METHOD", d.deployment_method))
+    _add_cluster_logs_flags(parser, d)
+
+
+def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> None:
+    a = parser.add_argument
+    a(
+        "--cluster-logs",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_CLUSTER_LOGS", "false").lower() == "true",
+        help="run the cluster agent, a DaemonSet that sends the container log files of every"
+        " node [LUMIGO_CLUSTER_LOGS]",
+    )
+    for which in ("include", "exclude"):
+        a(
+            f"--cluster-logs-{which}",
+            type=parse_log_rules,
+            default=parse_log_rules(_env(f"LUMIGO_CLUSTER_LOGS_{which.upper()}", "")),
+            help=f"containers whose log files are {which}d: a JSON list of {{namespacePattern,"
+            f" podPattern, containerPattern}} globs [LUMIGO_CLUSTER_LOGS_{which.upper()}]",
+        )
+    a("--cluster-agent-daemonset", default=d.cluster_agent_daemonset)
+    a(
+        "--cluster-token-secret",
+        default=_env("LUMIGO_CLUSTER_TOKEN_SECRET", d.cluster_token_secret),
+        help="the Secret, in the operator's namespace, with the token of cluster collection"
+        " [LUMIGO_CLUSTER_TOKEN_SECRET]",
+    )
+    a("--cluster-token-key", default=d.cluster_token_key)
+    a("--pod-logs-dir", default=d.pod_logs_dir, help="the kubelet's podLogsDir on the nodes")
+    a(
+        "--cluster-agent-state-dir",
+        default=d.cluster_agent_state_dir,
+        help="where each node keeps the agent's read offsets and export queue",
+    )
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:

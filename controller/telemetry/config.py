@@ -224,7 +224,7 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
                     {"sources": [{"from": "connection"}]},
                 ],
             },
-            "resource/lumigo": {"attributes": _operator_attributes(s)},
+            "resource/lumigo": {"attributes": operator_attributes(s)},
             "batch/proxy": {
                 "send_batch_size": s.batch_size,
                 "send_batch_max_size": s.batch_max_size,
@@ -250,32 +250,30 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
                 }
                 for signal in ("traces", "logs")
             },
-            "telemetry": {
-                "logs": {"level": s.log_level, "encoding": "json"},
-                "metrics": {
-                    "level": "normal",
-                    "readers": [
-                        {
-                            "pull": {
-                                "exporter": {
-                                    "prometheus": {
-                                        "host": s.listen_host,
-                                        "port": s.metrics_port,
-                                        "without_scope_info": True,
-                                        "without_type_suffix": True,
-                                        "without_units": True,
-                                    }
-                                }
-                            }
-                        }
-                    ],
-                },
-            },
+            "telemetry": self_telemetry(s),
         },
     }
     if monitored:
         _add_events_pipelines(config, monitored, s)
     return config
+
+
+def self_telemetry(s: ProxySettings) -> JSON:
+    """The collector's own logs (JSON) and metrics (Prometheus, on `metrics_port`)."""
+    prometheus = {
+        "host": s.listen_host,
+        "port": s.metrics_port,
+        "without_scope_info": True,
+        "without_type_suffix": True,
+        "without_units": True,
+    }
+    return {
+        "logs": {"level": s.log_level, "encoding": "json"},
+        "metrics": {
+            "level": "normal",
+            "readers": [{"pull": {"exporter": {"prometheus": prometheus}}}],
+        },
+    }
 
 
 def _endpoints(s: ProxySettings) -> JSON:
@@ -293,7 +291,7 @@ def logs_url(endpoint: str) -> str:
     return endpoint
 
 
-def _operator_attributes(s: ProxySettings) -> list[JSON]:
+def operator_attributes(s: ProxySettings) -> list[JSON]:
     origin = s.origin
     values = {
         "k8s.cluster.name": origin.cluster_name,

@@ -122,11 +122,14 @@ class TelemetryProxyReconciler:
     # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
     # and created again under the same name comes back with a new Lumigo, so a new entry.
     _namespace_uids: dict[str, str] = field(default_factory=dict, init=False)
-    _cluster_uid: str | None = field(default=None, init=False)
+    _identity: ClusterIdentity = field(init=False)
     # namespace -> last logged reason it is left out
     _reported: dict[str, str] = field(default_factory=dict, init=False)
     _deployment_missing: bool = field(default=False, init=False)
     _restart_pending: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._identity = ClusterIdentity(self.client)
 
     # -- loop -----------------------------------------------------------------------------------
     def controller(self) -> Controller:
@@ -166,7 +169,7 @@ class TelemetryProxyReconciler:
             lease_name=f"{t.deployment_name}-k8s-objects",
         )
         if not settings.origin.cluster_uid:
-            origin = replace(settings.origin, cluster_uid=self._get_cluster_uid())
+            origin = replace(settings.origin, cluster_uid=self._identity.uid())
             settings = replace(settings, origin=origin)
         text = render(namespaces, settings)
         check_size(text, len(namespaces))
@@ -245,19 +248,7 @@ class TelemetryProxyReconciler:
         self._reported = reasons
 
     def _read_namespace_uid(self, name: str) -> str:
-        namespace = self.client.get_or_none(NAMESPACES, name)
-        return str(((namespace or {}).get("metadata") or {}).get("uid", ""))
-
-    def _get_cluster_uid(self) -> str:
-        """The kube-system namespace's UID, the usual cluster identity ("" if not readable)."""
-        if self._cluster_uid is None:
-            try:
-                self._cluster_uid = self._read_namespace_uid("kube-system")
-            except ApiError as err:
-                if err.code not in (401, 403):
-                    raise
-                self._cluster_uid = ""
-        return self._cluster_uid
+        return namespace_uid(self.client, name)
 
     def _apply_secret(self, text: str, digest: str, deployment: JSON | None) -> tuple[bool, JSON]:
         """Create or update the Secret; owned by the proxy Deployment when it exists. Returns
@@ -268,7 +259,7 @@ class TelemetryProxyReconciler:
         """
         t = self.target
         data = {CONFIG_KEY: base64.b64encode(text.encode()).decode()}
-        owners = [_owner_reference(deployment)] if deployment is not None else None
+        owners = [owner_reference(deployment)] if deployment is not None else None
         current = self.client.get_or_none(SECRETS, t.secret_name, t.namespace)
         if current is None:
             meta: JSON = {
@@ -317,7 +308,31 @@ class TelemetryProxyReconciler:
         return True
 
 
-def _owner_reference(deployment: JSON) -> JSON:
+def namespace_uid(client: KubeClient, name: str) -> str:
+    namespace = client.get_or_none(NAMESPACES, name)
+    return str(((namespace or {}).get("metadata") or {}).get("uid", ""))
+
+
+@dataclass
+class ClusterIdentity:
+    """The cluster's UID: the kube-system namespace's, the usual identity, read once."""
+
+    client: KubeClient
+    _uid: str | None = None
+
+    def uid(self) -> str:
+        """ "" when not readable (no permission): the attribute is then left out."""
+        if self._uid is None:
+            try:
+                self._uid = namespace_uid(self.client, "kube-system")
+            except ApiError as err:
+                if err.code not in (401, 403):
+                    raise
+                self._uid = ""
+        return self._uid
+
+
+def owner_reference(deployment: JSON) -> JSON:
     meta = deployment.get("metadata") or {}
     return {
         "apiVersion": "apps/v1",

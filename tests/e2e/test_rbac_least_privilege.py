@@ -4,7 +4,8 @@ A control plane of its own, with an audit log of the ServiceAccounts' requests (
 runs the kustomize install's manager as its own ServiceAccount (so exactly the install's RBAC)
 through a scenario that takes every path that talks to the API server: start-up (leader
 election, the self-managed certificate, the webhook configurations' caBundle), the
-telemetry-proxy configuration for two namespaces, instrumenting existing workloads of all six
+telemetry-proxy configuration for two namespaces, the cluster agent applied then removed
+(cluster logs on, then off), instrumenting existing workloads of all six
 kinds, a new workload through the webhook, deleting a Lumigo, and then `lumigo-operator
 uninstall` as the Helm pre-delete hook's own ServiceAccount with a Lumigo left to finalize.
 
@@ -28,7 +29,7 @@ import pytest
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, JOBS, SECRETS
+from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, JOBS, SECRETS
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,
@@ -50,6 +51,7 @@ DEPLOYMENT = f"{FULLNAME}-controller-manager"
 HOOK_SA = f"{FULLNAME}-uninstall-hook"
 CERT_SECRET = f"{FULLNAME}-lumigo-injector-webhook-certs"
 PROXY_SECRET = f"{FULLNAME}-telemetry-proxy-config"
+AGENT = f"{FULLNAME}-cluster-agent"
 BUNDLE_MANIFESTS = ROOT / "bundle" / "manifests"
 JSON = dict[str, Any]
 
@@ -59,6 +61,10 @@ ALLOWED_UNUSED: dict[tuple[str, str, str, str], str] = {
     (MANAGER, "get", "operator.lumigo.io", "lumigoes"): (
         "re-read of a Lumigo when its status write meets a 409 Conflict "
         "(KubeClient.update_with_retry); needs a concurrent writer at that instant"
+    ),
+    (MANAGER, "create", "apps", "daemonsets"): (
+        "the server-side apply that creates the cluster agent's DaemonSet: the API server "
+        "authorizes it as a `create` of that name but audits it as the `patch` it is"
     ),
 }
 # Granted by the OLM bundle only (verb, group, resource, namespace): under OLM the operator restarts
@@ -242,7 +248,12 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
     ]  # fmt: skip
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in hook_rbac))
 
+    # Cluster collection on (the OLM way: an env var), so the agent DaemonSet is applied.
+    cluster.kubectl("set", "env", "-n", NAMESPACE, f"deployment/{DEPLOYMENT}",
+                    "--containers=manager", "LUMIGO_CLUSTER_LOGS=true")  # fmt: skip
+
     with installed_operator(cluster, kube, NAMESPACE, DEPLOYMENT, workdir) as operator:
+        wait_until(lambda: kube.get_or_none(DAEMONSETS, AGENT, NAMESPACE), 60, "the agent")
         first, second = operator.new_namespace(), operator.new_namespace()
         # Existing workloads of every kind: the controller instruments them (Jobs are
         # immutable: an event instead).
@@ -282,6 +293,14 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
         for resource in KINDS:
             if resource is not JOBS:
                 assert clean(kube.get(resource, resource.plural, first)), resource.plural
+
+        # Cluster collection turned off: the restarted operator deletes the agent.
+        operator.stop()
+        for var in operator.container["env"]:
+            if var["name"] == "LUMIGO_CLUSTER_LOGS":
+                var["value"] = "false"
+        operator.start().wait_ready()
+        wait_until(lambda: not kube.get_or_none(DAEMONSETS, AGENT, NAMESPACE), 60, "no agent")
 
         # The Helm pre-delete hook, operator gone: it deletes the second Lumigo, finalizes it
         # itself after its timeout, and strips every labelled workload.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from controller.telemetry.agent_config import AgentSettings, LogFileRule, render_agent
 from controller.telemetry.config import MonitoredNamespace, Origin, ProxySettings, render
 from tests.support.otel import COLLECTOR
 
@@ -45,3 +47,31 @@ def test_validate_rejects_a_broken_config(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "invalid mode" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        AgentSettings("lumigo-system"),
+        AgentSettings(
+            "ops",
+            include=(LogFileRule("team-*"),),
+            exclude=(LogFileRule(container_pattern="istio-proxy"),),
+            proxy=ProxySettings(origin=Origin(cluster_name="prod", cluster_uid="u")),
+        ),
+    ],
+)
+def test_the_cluster_agent_config_passes_collector_validate(
+    settings: AgentSettings, tmp_path: Path
+) -> None:
+    config = tmp_path / "agent.yaml"
+    config.write_text(render_agent(replace(settings, state_dir=str(tmp_path / "state"))))
+    env = {"PATH": "/usr/bin:/bin", "K8S_NODE_NAME": "n", "LUMIGO_CLUSTER_TOKEN": "t"}
+    result = subprocess.run(
+        [str(COLLECTOR), "validate", f"--config={config}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

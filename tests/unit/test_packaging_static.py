@@ -24,6 +24,7 @@ import yaml
 from api import constants
 from api.crd import crd_manifest
 from api.lumigo import load_spec
+from controller.telemetry.agent import AgentTarget
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "config"
@@ -304,7 +305,13 @@ def test_manager_is_wired_to_the_telemetry_proxy() -> None:
     docs = {(d["kind"], d["metadata"]["name"]): d for d in config_rbac()}
     role = docs[("Role", f"{PROXY}-config")]
     named = {n for r in role["rules"] for n in r.get("resourceNames", [])}
-    assert named == {proxy["metadata"]["name"], volume["secret"]["secretName"]}
+    agent = flags["--cluster-agent-daemonset"]
+    assert named == {
+        proxy["metadata"]["name"],
+        volume["secret"]["secretName"],
+        agent,
+        AgentTarget("lumigo-system", agent, proxy["metadata"]["name"], "-").secret_name,
+    }
     binding = docs[("RoleBinding", f"{PROXY}-config")]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": "lumigo-system"}

@@ -1,0 +1,258 @@
+"""Runs the cluster agent: a DaemonSet that sends every node's container log files upstream.
+
+The operator, not the installer, creates the DaemonSet: an OLM bundle cannot carry one, and this
+way Helm, kustomize and OLM installations get the same agent from the same flags
+(`--cluster-logs`, `--cluster-logs-include`, `--cluster-logs-exclude`). It borrows from the
+telemetry proxy's Deployment what an installation already chose there: the collector image and
+pull policy, image pull secrets, the ServiceAccount (whose ClusterRole already lets it read pods
+and their owners), tolerations and node affinity. Both the DaemonSet and its configuration Secret
+are owned by that Deployment, so uninstalling removes them; turning the flag off deletes them.
+
+A level-triggered single-key loop: each pass renders the configuration
+(`controller.telemetry.agent_config`) and server-side applies both objects (a no-op on the API
+server when nothing changed); the configuration's hash on the pod template rolls the agents when
+it changes. A failed call raises, and the controller retries with backoff.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import KW_ONLY, dataclass, field, replace
+from typing import Any
+
+from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Controller, Result
+from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
+from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
+from controller.runtime.singlekey import single_key_controller
+from controller.telemetry.agent_config import (
+    NODE_NAME_ENV,
+    POD_LOGS_MOUNT,
+    STATE_MOUNT,
+    TOKEN_ENV,
+    AgentSettings,
+    render_agent,
+)
+from controller.telemetry.config import HEALTH_PORT, METRICS_PORT
+from controller.telemetry.reconciler import (
+    CONFIG_HASH_ANNOTATION,
+    CONFIG_KEY,
+    MANAGED_BY,
+    ClusterIdentity,
+    config_hash,
+    owner_reference,
+)
+
+log = logging.getLogger("lumigo.telemetry")
+
+JSON = dict[str, Any]
+
+FIELD_MANAGER = "lumigo-operator"
+COMPONENT = "cluster-agent"
+BASE_BACKOFF, MAX_BACKOFF = 1.0, 60.0
+# The collector's soft memory limit, about 80% of the container's limit.
+RESOURCES: JSON = {
+    "requests": {"cpu": "50m", "memory": "64Mi"},
+    "limits": {"cpu": "500m", "memory": "256Mi"},
+}
+GOMEMLIMIT = "200MiB"
+
+
+@dataclass(frozen=True)
+class AgentTarget:
+    """Where the agent runs and what it reads on each node."""
+
+    namespace: str
+    daemonset_name: str
+    proxy_deployment: str  # the image, ServiceAccount and owner come from it
+    token_secret: str  # in `namespace`: the cluster-collection token
+    token_key: str = "token"
+    pod_logs_dir: str = "/var/log/pods"  # the kubelet's podLogsDir on the nodes
+    state_dir: str = "/var/lib/lumigo-operator/cluster-agent"  # offsets, on each node
+
+    @property
+    def secret_name(self) -> str:
+        return f"{self.daemonset_name}-config"
+
+
+@dataclass(eq=False)
+class ClusterAgentReconciler:
+    """Applies (or, disabled, removes) the agent's Secret and DaemonSet; leader only."""
+
+    client: KubeClient
+    target: AgentTarget
+    settings: AgentSettings
+    enabled: bool
+    _: KW_ONLY
+    resync_period: float = 60.0
+    _identity: ClusterIdentity = field(init=False)
+    _proxy_missing: bool = field(default=False, init=False)
+    _removed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self._identity = ClusterIdentity(self.client)
+
+    def controller(self) -> Controller:
+        return single_key_controller(
+            COMPONENT,
+            self.reconcile,
+            rate_limiter=ItemExponentialFailureRateLimiter(BASE_BACKOFF, MAX_BACKOFF),
+        )
+
+    def reconcile(self) -> Result:
+        self.sync()
+        return Result(requeue_after=self.resync_period)
+
+    def sync(self) -> None:
+        t = self.target
+        if not self.enabled:
+            self._remove()
+            return
+        proxy = self.client.get_or_none(DEPLOYMENTS, t.proxy_deployment, t.namespace)
+        if proxy is None:
+            if not self._proxy_missing:
+                log.warning(
+                    "telemetry proxy Deployment not found; the cluster agent waits for it",
+                    extra={"deployment": f"{t.namespace}/{t.proxy_deployment}"},
+                )
+                self._proxy_missing = True
+            return
+        self._proxy_missing = False
+        origin = self.settings.proxy.origin
+        if not origin.cluster_uid:
+            origin = replace(origin, cluster_uid=self._identity.uid())
+        settings = replace(self.settings, proxy=replace(self.settings.proxy, origin=origin))
+        text = render_agent(settings)
+        digest = config_hash(text)
+        owner = owner_reference(proxy)
+        self.client.apply(SECRETS, self._secret(text, digest, owner), FIELD_MANAGER, t.namespace)
+        daemonset = agent_daemonset(t, proxy, digest)
+        self.client.apply(DAEMONSETS, daemonset, FIELD_MANAGER, t.namespace)
+
+    def _secret(self, text: str, digest: str, owner: JSON) -> JSON:
+        t = self.target
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": t.secret_name,
+                "namespace": t.namespace,
+                "labels": dict(MANAGED_BY),
+                "annotations": {CONFIG_HASH_ANNOTATION: digest},
+                "ownerReferences": [owner],
+            },
+            "data": {CONFIG_KEY: base64.b64encode(text.encode()).decode()},
+        }
+
+    def _remove(self) -> None:
+        """Delete what an earlier, enabled run created (once per start: nothing recreates it).
+        The names are the operator's own, so no read first (and no `get` permission)."""
+        if self._removed:
+            return
+        t = self.target
+        for resource, name in ((DAEMONSETS, t.daemonset_name), (SECRETS, t.secret_name)):
+            if self.client.delete(resource, name, t.namespace) is not None:
+                log.info("cluster agent removed", extra={"object": f"{resource.kind}/{name}"})
+        self._removed = True
+
+
+def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str) -> JSON:
+    """The DaemonSet, with the image, pull secrets, ServiceAccount and scheduling of `proxy`."""
+    pod = ((proxy.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = pod.get("containers") or [{}]
+    collector = next((c for c in containers if c.get("name") == "otelcol"), containers[0])
+    labels = {
+        "app.kubernetes.io/name": "lumigo-operator",
+        "app.kubernetes.io/component": COMPONENT,
+        "app.kubernetes.io/instance": t.daemonset_name,
+    }
+    pod_spec: JSON = {
+        "serviceAccountName": pod.get("serviceAccountName", "default"),
+        "automountServiceAccountToken": True,
+        "terminationGracePeriodSeconds": 30,
+        # Root, but no capability: the kubelet's log files are root's and mode 0640, so the
+        # owner's read bit is what lets the agent read them.
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "otelcol",
+                "image": collector.get("image", ""),
+                "imagePullPolicy": collector.get("imagePullPolicy", "IfNotPresent"),
+                "args": ["--config=/etc/otelcol/config.yaml"],
+                "env": [
+                    {
+                        "name": NODE_NAME_ENV,
+                        "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                    },
+                    {
+                        "name": TOKEN_ENV,
+                        "valueFrom": {"secretKeyRef": {"name": t.token_secret, "key": t.token_key}},
+                    },
+                    {"name": "GOMEMLIMIT", "value": GOMEMLIMIT},
+                ],
+                "ports": [
+                    {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+                    {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+                ],
+                "readinessProbe": {
+                    "httpGet": {"path": "/", "port": "health"},
+                    "periodSeconds": 5,
+                },
+                "livenessProbe": {
+                    "httpGet": {"path": "/", "port": "health"},
+                    "initialDelaySeconds": 15,
+                    "periodSeconds": 20,
+                },
+                "resources": RESOURCES,
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/otelcol", "readOnly": True},
+                    {"name": "pod-logs", "mountPath": POD_LOGS_MOUNT, "readOnly": True},
+                    {"name": "state", "mountPath": STATE_MOUNT},
+                ],
+            }
+        ],
+        "volumes": [
+            {
+                "name": "config",
+                "secret": {"secretName": t.secret_name, "defaultMode": 0o440},
+            },
+            {"name": "pod-logs", "hostPath": {"path": t.pod_logs_dir, "type": "Directory"}},
+            {"name": "state", "hostPath": {"path": t.state_dir, "type": "DirectoryOrCreate"}},
+        ],
+    }
+    for key in ("imagePullSecrets", "tolerations", "affinity", "priorityClassName"):
+        if pod.get(key):
+            pod_spec[key] = pod[key]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": t.daemonset_name,
+            "namespace": t.namespace,
+            "labels": {**labels, **MANAGED_BY, "lumigo.auto-trace": "false"},
+            "ownerReferences": [owner_reference(proxy)],
+        },
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {
+                    "labels": {**labels, "lumigo.auto-trace": "false"},
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_digest},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

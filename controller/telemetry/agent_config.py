@@ -1,0 +1,254 @@
+"""The cluster agent's OpenTelemetry Collector configuration: container log files of one node.
+
+The agent is a DaemonSet (one pod per node, `controller.telemetry.agent`). Each pod reads the
+kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<uid>/<container>/
+<n>.log`, with upstream components only:
+
+- `filelog` with the `container` parser (CRI, containerd and Docker formats; a line the runtime
+  split into partial records is joined again) and a `recombine` step that joins continuation
+  lines (those starting with whitespace: stack-trace frames) to the record before them;
+- read offsets and the export queue kept in `file_storage` on the node, so a restarted agent
+  resumes where it stopped: nothing read twice, nothing skipped, and what was read but not yet
+  exported survives a crash;
+- `k8s_attributes` limited to the node's own pods (each agent watches only them, so the load
+  on the API server grows with pods, not with pods times nodes), and a root owner computed from the
+  owner chain (the Deployment above a ReplicaSet, the CronJob above a Job);
+- OTLP/HTTP logs upstream with the cluster token, which the pod gets from a Secret through an
+  environment variable: this configuration holds no secret.
+
+Which files are read comes from include/exclude rules of glob patterns (`LogFileRule`); the
+operator's own namespace is always excluded (its logs, the proxy's and the agent's own).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from controller.telemetry.config import (
+    K8S_METADATA,
+    ProxySettings,
+    escape_expansion,
+    logs_url,
+    operator_attributes,
+    self_telemetry,
+)
+
+JSON = dict[str, Any]
+
+DEFAULT_POD_LOGS_DIR = "/var/log/pods"
+# Where the pod mounts the node's directories.
+POD_LOGS_MOUNT = "/var/log/pods"
+STATE_MOUNT = "/var/lib/lumigo-cluster-agent"
+# The environment variables the DaemonSet sets: the node's name and the upstream token.
+NODE_NAME_ENV = "K8S_NODE_NAME"
+TOKEN_ENV = "LUMIGO_CLUSTER_TOKEN"
+# The root-owner resource attributes added to every record.
+ROOT_OWNER_KIND = "lumigo.k8s.root_owner.kind"
+ROOT_OWNER_NAME = "lumigo.k8s.root_owner.name"
+ROOT_OWNER_UID = "lumigo.k8s.root_owner.uid"
+# From the nearest owner to the farthest: a later one, when present, is the root.
+OWNER_CHAIN = (
+    ("Pod", "pod"),
+    ("ReplicaSet", "replicaset"),
+    ("Deployment", "deployment"),
+    ("StatefulSet", "statefulset"),
+    ("DaemonSet", "daemonset"),
+    ("Job", "job"),
+    ("CronJob", "cronjob"),
+)
+# A glob over Kubernetes names: the characters of a name plus `*` and `?`. Nothing else may reach
+# a path pattern (no `/`, no `_`, which separates the parts of a pod's log directory, no `{`).
+_PATTERN = re.compile(r"^[a-z0-9.*?-]{1,253}$")
+
+
+class InvalidLogRuleError(ValueError):
+    """An include/exclude entry that cannot be turned into a path pattern."""
+
+
+@dataclass(frozen=True)
+class LogFileRule:
+    """Containers selected by glob patterns (`*`, `?`) on namespace, pod and container names."""
+
+    namespace_pattern: str = "*"
+    pod_pattern: str = "*"
+    container_pattern: str = "*"
+
+    def __post_init__(self) -> None:
+        for what, value in (
+            ("namespacePattern", self.namespace_pattern),
+            ("podPattern", self.pod_pattern),
+            ("containerPattern", self.container_pattern),
+        ):
+            if not _PATTERN.match(value):
+                raise InvalidLogRuleError(
+                    f"invalid {what} {value!r}: use lowercase letters, digits, '.', '-' and the "
+                    "wildcards '*' and '?'"
+                )
+
+    @classmethod
+    def from_json(cls, entry: Any) -> LogFileRule:
+        """An entry of `clusterCollection.logs.include`/`exclude`; a missing pattern is `*`."""
+        if not isinstance(entry, dict):
+            raise InvalidLogRuleError(
+                f"invalid log rule {entry!r}: expected an object with namespacePattern, "
+                "podPattern and containerPattern"
+            )
+        unknown = set(entry) - {"namespacePattern", "podPattern", "containerPattern"}
+        if unknown:
+            raise InvalidLogRuleError(
+                f"invalid log rule {entry!r}: unknown keys {sorted(unknown)}; expected "
+                "namespacePattern, podPattern and containerPattern"
+            )
+        values = {k: entry.get(k) or "*" for k in ("namespacePattern", "podPattern",
+                                                     "containerPattern")}  # fmt: skip
+        for key, value in values.items():
+            if not isinstance(value, str):
+                raise InvalidLogRuleError(f"invalid {key} {value!r}: expected a string")
+        return cls(values["namespacePattern"], values["podPattern"], values["containerPattern"])
+
+    def path(self, pods_dir: str) -> str:
+        """The file glob of the containers' current log files under `pods_dir`."""
+        pod_dir = f"{self.namespace_pattern}_{self.pod_pattern}_*"
+        return f"{pods_dir.rstrip('/')}/{pod_dir}/{self.container_pattern}/*.log"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the agent's configuration depends on (from the operator's flags)."""
+
+    operator_namespace: str
+    include: tuple[LogFileRule, ...] = ()
+    exclude: tuple[LogFileRule, ...] = ()
+    proxy: ProxySettings = field(default_factory=ProxySettings)
+    # Record batches: a batch leaves at this many records or after this time.
+    batch_size: int = 1000
+    batch_timeout: str = "1s"
+    # Exported records held on the node's disk while upstream is unreachable.
+    queue_items: int = 100_000
+    # Where the collector finds the pods' log files and keeps its state (the pod's mounts; a
+    # collector run on a host, as the bench does, reads the host's directories).
+    pods_dir: str = POD_LOGS_MOUNT
+    state_dir: str = STATE_MOUNT
+
+
+def render_agent(settings: AgentSettings) -> str:
+    """The agent's collector configuration as YAML text (deterministic; no secret in it)."""
+    return yaml.safe_dump(build_agent(settings), sort_keys=True, width=1000)
+
+
+def build_agent(s: AgentSettings) -> JSON:
+    """The configuration as a dict; every user-given string is escaped for the collector."""
+    include = s.include or (LogFileRule(),)
+    exclude = (LogFileRule(s.operator_namespace), *s.exclude)
+    config: JSON = {
+        "extensions": {
+            "file_storage": {
+                "directory": s.state_dir,
+                "create_directory": True,
+                "compaction": {"on_start": True, "directory": s.state_dir},
+            },
+            "health_check": {"endpoint": f"{s.proxy.listen_host}:{s.proxy.health_port}"},
+        },
+        "receivers": {
+            "filelog": {
+                "include": sorted({r.path(s.pods_dir) for r in include}),
+                "exclude": sorted({r.path(s.pods_dir) for r in exclude}),
+                # With the offsets kept on the node, "beginning" only matters for files the
+                # agent has never seen: a pod started while the agent was down loses nothing.
+                "start_at": "beginning",
+                "include_file_path": True,
+                "include_file_name": False,
+                "storage": "file_storage",
+                # A full export queue slows reading down instead of dropping records.
+                "retry_on_failure": {"enabled": True},
+                "max_log_size": "1MiB",
+                "operators": [
+                    {"type": "container", "id": "container-parser", "max_log_size": "1MiB"},
+                    {
+                        "type": "recombine",
+                        "id": "multiline",
+                        "combine_field": "body",
+                        "source_identifier": 'attributes["log.file.path"]',
+                        "is_first_entry": 'body matches "^[^[:space:]]"',
+                        "combine_with": "\n",
+                        "force_flush_period": "1s",
+                        "max_log_size": "1MiB",
+                    },
+                ],
+            }
+        },
+        "processors": {
+            "k8s_attributes": {
+                "auth_type": s.proxy.kube_auth,
+                "filter": {"node_from_env_var": NODE_NAME_ENV},
+                "wait_for_metadata": True,
+                "wait_for_metadata_timeout": "60s",
+                "extract": {"metadata": list(K8S_METADATA)},
+                "pod_association": [
+                    {"sources": [{"from": "resource_attribute", "name": "k8s.pod.uid"}]}
+                ],
+            },
+            "transform/root_owner": {
+                "error_mode": "ignore",
+                "log_statements": [{"context": "resource", "statements": _root_owner()}],
+            },
+            "resource/lumigo": {"attributes": operator_attributes(s.proxy)},
+            "batch/logs": {"send_batch_size": s.batch_size, "timeout": s.batch_timeout},
+        },
+        "exporters": {
+            "otlp_http/lumigo": {
+                "logs_endpoint": logs_url(
+                    s.proxy.upstream_logs_endpoint or s.proxy.upstream_endpoint
+                ),
+                "sending_queue": {
+                    "sizer": "items",
+                    "queue_size": s.queue_items,
+                    "storage": "file_storage",
+                },
+            }
+        },
+        "service": {
+            "extensions": ["file_storage", "health_check"],
+            "pipelines": {
+                "logs/container-files": {
+                    "receivers": ["filelog"],
+                    "processors": [
+                        "k8s_attributes",
+                        "transform/root_owner",
+                        "resource/lumigo",
+                        "batch/logs",
+                    ],
+                    "exporters": ["otlp_http/lumigo"],
+                }
+            },
+            "telemetry": self_telemetry(s.proxy),
+        },
+    }
+    if not config["processors"]["resource/lumigo"]["attributes"]:
+        del config["processors"]["resource/lumigo"]
+        config["service"]["pipelines"]["logs/container-files"]["processors"].remove(
+            "resource/lumigo"
+        )
+    escaped: JSON = escape_expansion(config)
+    # The one expansion the agent uses, added after escaping: the token from its environment.
+    exporter = escaped["exporters"]["otlp_http/lumigo"]
+    exporter["headers"] = {"Authorization": f"LumigoToken ${{env:{TOKEN_ENV}}}"}
+    return escaped
+
+
+def _root_owner() -> list[str]:
+    """OTTL statements setting the root owner from the owner chain's attributes."""
+    statements: list[str] = []
+    for kind, attribute in OWNER_CHAIN:
+        name, uid = f'attributes["k8s.{attribute}.name"]', f'attributes["k8s.{attribute}.uid"]'
+        statements += [
+            f'delete_key(attributes, "{ROOT_OWNER_UID}") where {name} != nil',
+            f'set(attributes["{ROOT_OWNER_KIND}"], "{kind}") where {name} != nil',
+            f'set(attributes["{ROOT_OWNER_NAME}"], {name}) where {name} != nil',
+            f'set(attributes["{ROOT_OWNER_UID}"], {uid}) where {name} != nil and {uid} != nil',
+        ]
+    return statements

@@ -1,0 +1,126 @@
+"""The cluster agent reconciler against a real API server: the DaemonSet and its configuration
+Secret are server-side applied from the proxy Deployment's choices, owned by it, rolled on a
+configuration change, untouched when nothing changed, and deleted when the feature is off."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import yaml
+
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
+from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
+from controller.telemetry.agent_config import TOKEN_ENV, AgentSettings, LogFileRule
+from controller.telemetry.config import Origin, ProxySettings
+from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION, CONFIG_KEY
+from tests.support.workloads import one_container_deployment
+
+PROXY = "lumigo-telemetry-proxy"
+AGENT = "lumigo-cluster-agent"
+JSON = dict[str, Any]
+
+
+def proxy(kube: KubeClient, namespace: str) -> JSON:
+    body = one_container_deployment(PROXY, "otelcol:test", container="otelcol")
+    pod = body["spec"]["template"]["spec"]
+    pod["serviceAccountName"] = "proxy-sa"
+    pod["imagePullSecrets"] = [{"name": "registry"}]
+    pod["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    pod["containers"][0]["imagePullPolicy"] = "Never"
+    return kube.create(DEPLOYMENTS, body, namespace)
+
+
+def make(
+    kube: KubeClient, namespace: str, *, enabled: bool = True, **settings: Any
+) -> ClusterAgentReconciler:
+    target = AgentTarget(namespace, AGENT, PROXY, "cluster-token", "key", "/logs/pods", "/state")
+    agent = AgentSettings(
+        namespace, proxy=ProxySettings(origin=Origin(cluster_name="it")), **settings
+    )
+    return ClusterAgentReconciler(kube, target, agent, enabled)
+
+
+def config_of(kube: KubeClient, namespace: str) -> JSON:
+    secret = kube.get(SECRETS, f"{AGENT}-config", namespace)
+    loaded: JSON = yaml.safe_load(base64.b64decode(secret["data"][CONFIG_KEY]))
+    return loaded
+
+
+def test_the_agent_runs_the_proxys_image_as_its_owner_says(
+    kube: KubeClient, namespace: str
+) -> None:
+    owner = proxy(kube, namespace)
+    make(kube, namespace).sync()
+
+    daemonset = kube.get(DAEMONSETS, AGENT, namespace)
+    assert daemonset["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+    assert daemonset["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert (container["image"], container["imagePullPolicy"]) == ("otelcol:test", "Never")
+    assert pod["serviceAccountName"] == "proxy-sa"
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env[TOKEN_ENV]["valueFrom"]["secretKeyRef"] == {"name": "cluster-token", "key": "key"}
+    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    assert (paths["pod-logs"], paths["state"]) == ("/logs/pods", "/state")
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+    secret = kube.get(SECRETS, f"{AGENT}-config", namespace)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"]
+    config = config_of(kube, namespace)
+    assert config["receivers"]["filelog"]["exclude"] == [f"/var/log/pods/{namespace}_*_*/*/*.log"]
+
+
+def test_an_unchanged_configuration_writes_nothing_and_a_change_rolls_the_agents(
+    kube: KubeClient, namespace: str
+) -> None:
+    proxy(kube, namespace)
+    make(kube, namespace).sync()
+    before = kube.get(DAEMONSETS, AGENT, namespace)
+    secret_before = kube.get(SECRETS, f"{AGENT}-config", namespace)
+
+    make(kube, namespace).sync()  # a new process, same flags: no write at all
+    assert (
+        kube.get(DAEMONSETS, AGENT, namespace)["metadata"]["resourceVersion"]
+        == (before["metadata"]["resourceVersion"])
+    )
+    assert (
+        kube.get(SECRETS, f"{AGENT}-config", namespace)["metadata"]["resourceVersion"]
+        == (secret_before["metadata"]["resourceVersion"])
+    )
+
+    make(kube, namespace, exclude=(LogFileRule("noisy"),)).sync()
+    after = kube.get(DAEMONSETS, AGENT, namespace)
+    old_hash = before["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    new_hash = after["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    assert old_hash != new_hash, "a new configuration rolls the agent pods"
+    assert (
+        "/var/log/pods/noisy_*_*/*/*.log"
+        in config_of(kube, namespace)["receivers"]["filelog"]["exclude"]
+    )
+
+
+def test_turned_off_the_agent_and_its_configuration_are_deleted(
+    kube: KubeClient, namespace: str
+) -> None:
+    proxy(kube, namespace)
+    make(kube, namespace).sync()
+    disabled = make(kube, namespace, enabled=False)
+    disabled.sync()
+    assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is None
+    assert kube.get_or_none(SECRETS, f"{AGENT}-config", namespace) is None
+    disabled.sync()  # nothing left: no error
+
+
+def test_without_the_proxy_deployment_nothing_is_created(kube: KubeClient, namespace: str) -> None:
+    reconciler = make(kube, namespace)
+    reconciler.sync()
+    assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is None
+    proxy(kube, namespace)
+    reconciler.sync()
+    assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is not None

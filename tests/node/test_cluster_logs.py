@@ -1,0 +1,191 @@
+"""Container log files on the real node (issue 17, item 1): `clusterCollection.logs` turned on
+with `helm upgrade`, the operator's cluster agent DaemonSet reads the kubelet's log files and the
+records reach an OTLP sink with the cluster token and the pod's owners.
+
+One app pod writes numbered lines (and a multi-line block, and a line longer than the runtime's
+16 KiB split) while the agent is restarted: each numbered line must arrive exactly once. A
+sidecar container, a namespace excluded by pattern and the operator's own namespace send nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.telemetry.agent_config import ROOT_OWNER_KIND, ROOT_OWNER_NAME, ROOT_OWNER_UID
+from localcluster import wait_until
+from tests.e2e.packaging_support import CHART, get_json
+from tests.node.conftest import NodeHolder
+from tests.node.product import (
+    OPERATOR_NS,
+    RELEASE,
+    Product,
+    deployment,
+    installed_product,
+    wait_for,
+)
+from tests.support.otel import LogSeen
+
+JSON = dict[str, Any]
+TOKEN = f"t_{uuid.uuid4().hex[:21]}"
+APP_NS, EXCLUDED_NS = "logs-app", "logs-excluded"
+STATE_DIR = Path("/var/lib/lumigo-operator/cluster-agent")  # the chart's default, on the node
+LINES = 600  # at 20 per second: 30 s of writing, across the agent's restart
+LONG = 20_000  # characters: containerd writes it as a partial record, then the rest
+# The app: a multi-line block (continuation lines indented), a long line, numbered lines, then
+# it idles. `TAG` makes every line of this run unique.
+SCRIPT = """
+import os, sys, time
+tag, lines = os.environ["TAG"], int(os.environ["LINES"])
+print(f"{tag} block-start\\n  frame one\\n  frame two", flush=True)
+print(f"{tag} long " + "x" * int(os.environ["LONG"]), flush=True)
+for i in range(lines):
+    print(f"{tag} line-{i}", flush=True)
+    time.sleep(0.05)
+print(f"{tag} done", flush=True)
+time.sleep(100000)
+"""
+SIDECAR = "import os, time\nwhile True:\n    print(os.environ['TAG'], 'sidecar', flush=True)\n" \
+    "    time.sleep(0.5)\n"  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def product(node_holder: NodeHolder) -> Iterator[Product]:
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    try:
+        yield from installed_product(node_holder)
+    finally:
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+def enable_cluster_logs(product: Product) -> None:
+    """`helm upgrade` turning the feature on, as a user of an installed release would."""
+    pod_logs = product.node.workdir / "pod-logs"  # this node's kubelet podLogsDir
+    product.release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
+        "--set", "clusterCollection.logs.enabled=true",
+        "--set", f"clusterCollection.logs.podLogsDir={pod_logs}",
+        "--set", f"lumigoToken.value={TOKEN}",
+        "--set", "clusterCollection.logs.exclude[0].namespacePattern=logs-excl*",
+        "--set", "clusterCollection.logs.exclude[1].containerPattern=chatty",
+    )  # fmt: skip
+
+
+def agent_pods(product: Product) -> list[JSON]:
+    """The agent's pods on the real node (the cluster's cordoned kwok node gets one too)."""
+    pods = product.pods(OPERATOR_NS, "app.kubernetes.io/component=cluster-agent")
+    return [p for p in pods if p["spec"].get("nodeName") == product.node.name]
+
+
+def agent_ready(product: Product) -> JSON | None:
+    pods = agent_pods(product)
+    if len(pods) != 1:
+        return None
+    conditions = pods[0].get("status", {}).get("conditions") or []
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return pods[0] if ready else None
+
+
+def writer(name: str, tag: str, *, sidecar: bool = False) -> JSON:
+    """A Deployment of the Python app image running SCRIPT as a non-root user."""
+    obj = deployment(name, "", securityContext={"runAsUser": 1000, "runAsGroup": 1000,
+                                                "runAsNonRoot": True})  # fmt: skip
+    env = [{"name": "TAG", "value": tag}, {"name": "LINES", "value": str(LINES)},
+           {"name": "LONG", "value": str(LONG)}]  # fmt: skip
+    app = obj["spec"]["template"]["spec"]["containers"][0]
+    app.update(command=["python3", "-u", "-c", SCRIPT], env=env)
+    for key in ("ports", "readinessProbe"):
+        app.pop(key)
+    if sidecar:
+        chatty = {**app, "name": "chatty", "command": ["python3", "-u", "-c", SIDECAR]}
+        obj["spec"]["template"]["spec"]["containers"].append(chatty)
+    return obj
+
+
+def with_tag(product: Product, tag: str) -> list[LogSeen]:
+    return [r for r in product.sink.logs() if isinstance(r.body, str) and r.body.startswith(tag)]
+
+
+def test_container_log_files_arrive_once_each_with_their_owners(product: Product) -> None:
+    image = product.images["python-app"]
+    enable_cluster_logs(product)
+    first = wait_for(lambda: agent_ready(product), 180, "the cluster agent pod Ready")
+
+    tag = f"run-{uuid.uuid4().hex[:8]}"
+    for namespace in (APP_NS, EXCLUDED_NS):
+        product.new_namespace(namespace)
+        obj = writer("writer", tag, sidecar=namespace == APP_NS)
+        for container in obj["spec"]["template"]["spec"]["containers"]:
+            container["image"] = image
+        product.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+    def seen(suffix: str) -> list[LogSeen]:
+        return [r for r in with_tag(product, tag) if r.body.endswith(suffix)]
+
+    wait_for(lambda: seen(" line-100"), 180, "line 100 of the app through the agent")
+    # Restart the agent mid-stream: it resumes from the offsets it kept on the node.
+    product.kubectl("delete", "pod", "-n", OPERATOR_NS, first["metadata"]["name"], "--wait=false")
+    wait_for(
+        lambda: (p := agent_ready(product)) and p["metadata"]["uid"] != first["metadata"]["uid"],
+        180, "a new cluster agent pod Ready",
+    )  # fmt: skip
+    wait_for(lambda: seen(" done"), 180, "the app's last line")
+
+    records = with_tag(product, tag)
+    numbered = Counter(r.body for r in records if " line-" in r.body)
+    expected = {f"{tag} line-{i}" for i in range(LINES)}
+    missing = sorted(expected - set(numbered), key=lambda b: int(b.rsplit("-", 1)[1]))
+    repeated = {body: n for body, n in numbered.items() if n > 1}
+    assert not missing, f"{len(missing)} lines never arrived, e.g. {missing[:5]}"
+    assert not repeated, f"lines that arrived more than once: {list(repeated.items())[:5]}"
+
+    # Multi-line: the indented frames joined to their first line; the long line whole.
+    (block,) = seen("frame two")
+    assert block.body == f"{tag} block-start\n  frame one\n  frame two"
+    (long,) = [r for r in records if " long " in r.body]
+    assert long.body == f"{tag} long " + "x" * LONG
+
+    # Enrichment and tenancy, on every record of the app.
+    owner = get_json(product.cluster, "deployment", "writer", "-n", APP_NS)["metadata"]
+    (pod,) = product.pods(APP_NS, "app=writer")
+    for record in records:
+        r = record.resource
+        assert record.authorization == f"LumigoToken {TOKEN}"
+        assert r["k8s.namespace.name"] == APP_NS
+        assert r["k8s.pod.name"] == pod["metadata"]["name"]
+        assert r["k8s.container.name"] == "app", "the excluded sidecar sent a record"
+        assert r["k8s.node.name"] == product.node.name
+        assert r["k8s.deployment.name"] == "writer"
+        assert (r[ROOT_OWNER_KIND], r[ROOT_OWNER_NAME], r[ROOT_OWNER_UID]) == (
+            "Deployment", "writer", owner["uid"],
+        )  # fmt: skip
+        assert r["k8s.cluster.name"], "the cluster's name is on every record"
+
+    # Nothing from the excluded namespace, the sidecar or the operator's namespace.
+    everything = product.sink.logs()
+    assert not [r for r in everything if r.resource.get("k8s.namespace.name") == EXCLUDED_NS]
+    assert not [r for r in everything if r.resource.get("k8s.container.name") == "chatty"]
+    assert not [r for r in everything if r.resource.get("k8s.namespace.name") == OPERATOR_NS]
+
+
+def test_turning_cluster_logs_off_removes_the_agent(product: Product) -> None:
+    product.release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
+        "--set", "clusterCollection.logs.enabled=false",
+    )  # fmt: skip
+    name = f"{product.release.fullname}-cluster-agent"
+    wait_until(
+        lambda: not product.kubectl("get", "daemonset", name, "-n", OPERATOR_NS,
+                                    "--ignore-not-found").strip(),
+        120, "the cluster agent DaemonSet deleted",
+    )  # fmt: skip
+    assert not product.kubectl(
+        "get", "secret", f"{name}-config", "-n", OPERATOR_NS, "--ignore-not-found"
+    ).strip()

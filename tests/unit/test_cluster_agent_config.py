@@ -1,0 +1,136 @@
+"""The cluster agent's collector configuration (controller.telemetry.agent_config) and flags."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import yaml
+
+from controller.options import parse_log_rules
+from controller.telemetry.agent_config import (
+    ROOT_OWNER_KIND,
+    TOKEN_ENV,
+    AgentSettings,
+    InvalidLogRuleError,
+    LogFileRule,
+    build_agent,
+    render_agent,
+)
+from controller.telemetry.config import Origin, ProxySettings
+
+PODS = "/var/log/pods"
+
+
+def receiver(settings: AgentSettings) -> dict[str, object]:
+    return dict(build_agent(settings)["receivers"]["filelog"])
+
+
+def test_every_container_is_read_but_the_operator_namespace() -> None:
+    filelog = receiver(AgentSettings("lumigo-system"))
+    assert filelog["include"] == [f"{PODS}/*_*_*/*/*.log"]
+    assert filelog["exclude"] == [f"{PODS}/lumigo-system_*_*/*/*.log"]
+
+
+def test_rules_become_globs_over_the_kubelet_layout() -> None:
+    settings = AgentSettings(
+        "ops",
+        include=(LogFileRule("team-*"), LogFileRule("shop", "web-?")),
+        exclude=(LogFileRule(container_pattern="istio-proxy"),),
+        pods_dir="/data/pods/",
+    )
+    filelog = receiver(settings)
+    assert filelog["include"] == [
+        "/data/pods/shop_web-?_*/*/*.log",
+        "/data/pods/team-*_*_*/*/*.log",
+    ]
+    assert filelog["exclude"] == [
+        "/data/pods/*_*_*/istio-proxy/*.log",
+        "/data/pods/ops_*_*/*/*.log",
+    ]
+
+
+@pytest.mark.parametrize(
+    "pattern", ["", "a/b", "a_b", "{a,b}", "Team", "a b", "[ab]", "../x", "a\nb", "$(x)", "x" * 254]
+)
+def test_a_pattern_outside_names_and_wildcards_is_refused(pattern: str) -> None:
+    with pytest.raises(InvalidLogRuleError, match="invalid namespacePattern"):
+        LogFileRule(namespace_pattern=pattern)
+
+
+def test_rules_from_json_default_missing_patterns_and_name_the_bad_key() -> None:
+    assert LogFileRule.from_json({"podPattern": "web-*"}) == LogFileRule("*", "web-*", "*")
+    with pytest.raises(InvalidLogRuleError, match="unknown keys \\['pod'\\]"):
+        LogFileRule.from_json({"pod": "web"})
+    with pytest.raises(InvalidLogRuleError, match="expected an object"):
+        LogFileRule.from_json("web")
+    with pytest.raises(InvalidLogRuleError, match="expected a string"):
+        LogFileRule.from_json({"podPattern": 3})
+
+
+def test_flag_values_are_checked_when_parsed() -> None:
+    assert parse_log_rules("") == ()
+    assert parse_log_rules('[{"containerPattern": "envoy"}]') == (LogFileRule("*", "*", "envoy"),)
+    for bad, message in (
+        ("{", "not JSON"),
+        ('{"podPattern": "x"}', "expected a JSON list"),
+        ('[{"podPattern": "x/../y"}]', "invalid podPattern"),
+    ):
+        with pytest.raises(argparse.ArgumentTypeError, match=message):
+            parse_log_rules(bad)
+
+
+def test_the_configuration_holds_no_token_only_a_reference_to_the_pod_env() -> None:
+    config = build_agent(AgentSettings("ops"))
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    assert exporter["headers"] == {"Authorization": f"LumigoToken ${{env:{TOKEN_ENV}}}"}
+    text = render_agent(AgentSettings("ops"))
+    assert text.count("${") == 1, "the token reference is the only expansion"
+
+
+def test_user_strings_are_never_expanded_by_the_collector() -> None:
+    origin = Origin(cluster_name="prod-${env:HOME}")
+    config = build_agent(AgentSettings("ops", proxy=ProxySettings(origin=origin)))
+    attributes = config["processors"]["resource/lumigo"]["attributes"]
+    assert {"key": "k8s.cluster.name", "value": "prod-$${env:HOME}", "action": "upsert"} in (
+        attributes
+    )
+
+
+def test_logs_go_to_the_logs_endpoint_with_a_disk_backed_queue() -> None:
+    proxy = ProxySettings(
+        upstream_endpoint="https://t.example", upstream_logs_endpoint="https://l.example"
+    )
+    config = build_agent(AgentSettings("ops", proxy=proxy))
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    assert exporter["logs_endpoint"] == "https://l.example/v1/logs"
+    assert exporter["sending_queue"]["storage"] == "file_storage"
+    assert config["receivers"]["filelog"]["storage"] == "file_storage"
+    only_traces = build_agent(
+        AgentSettings("ops", proxy=ProxySettings(upstream_endpoint="https://t.example"))
+    )
+    assert (
+        only_traces["exporters"]["otlp_http/lumigo"]["logs_endpoint"] == "https://t.example/v1/logs"
+    )
+
+
+def test_the_root_owner_is_the_farthest_owner_present() -> None:
+    config = build_agent(AgentSettings("ops"))
+    (block,) = config["processors"]["transform/root_owner"]["log_statements"]
+    kinds = [s.split('"')[3] for s in block["statements"] if f'"{ROOT_OWNER_KIND}"' in s]
+    # Later statements win: the nearest owner first, the CronJob above a Job last.
+    assert kinds == [
+        "Pod",
+        "ReplicaSet",
+        "Deployment",
+        "StatefulSet",
+        "DaemonSet",
+        "Job",
+        "CronJob",
+    ]
+
+
+def test_rendering_is_deterministic_yaml() -> None:
+    settings = AgentSettings("ops", include=(LogFileRule("b"), LogFileRule("a")))
+    assert render_agent(settings) == render_agent(settings)
+    assert yaml.safe_load(render_agent(settings)) == build_agent(settings)
