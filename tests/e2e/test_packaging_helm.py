@@ -117,6 +117,14 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
             "nodeSelector": {"kubernetes.io/os": "linux"},
         },
         "imagePullSecrets": [{"name": "regcred"}],
+        "clusterCollection": {
+            "logs": {
+                "enabled": True,
+                "include": [{"namespacePattern": "team-*"}],
+                "exclude": [{"podPattern": "debug-?", "containerPattern": "istio-proxy"}],
+                "podLogsDir": "/data/pods",
+            }
+        },
         "lumigoToken": {"secretName": "my-lumigo-token", "secretKey": "lumigo", "value": TOKEN},
         "monitoredNamespaces": [{"namespace": monitored_namespace, "loggingEnabled": True}],
         "uninstallHook": {"timeout": "300s"},
@@ -249,7 +257,7 @@ def test_non_default_values_are_rendered() -> None:
         assert arg in container["args"]
     assert "--revert" not in container["args"]
     # The telemetry proxy: where the operator finds it, where it sends, what it is called.
-    assert container["args"][-7:] == [
+    assert container["args"][-14:] == [
         "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
         "--telemetry-proxy-config-secret=acme-tracing-telemetry-proxy-config",
         "--telemetry-upstream-endpoint=https://otlp.example.com",
@@ -257,7 +265,22 @@ def test_non_default_values_are_rendered() -> None:
         "--telemetry-heartbeat-interval=15m",
         "--cluster-name=prod-eu-1",
         "--deployment-method=Helm",
+        # Cluster collection: the agent's rules as JSON, parsed back by the operator's flags.
+        "--cluster-logs",
+        '--cluster-logs-include=[{"namespacePattern":"team-*"}]',
+        '--cluster-logs-exclude=[{"containerPattern":"istio-proxy","podPattern":"debug-?"}]',
+        "--pod-logs-dir=/data/pods",
+        "--cluster-agent-daemonset=acme-tracing-cluster-agent",
+        "--cluster-token-secret=my-lumigo-token",
+        "--cluster-token-key=lumigo",
     ]
+    # The token Secret of cluster collection, in the release namespace.
+    (token,) = [
+        d for d in docs
+        if d["kind"] == "Secret" and d["metadata"]["namespace"] == "observability"
+        and d["metadata"]["name"] == "my-lumigo-token"
+    ]  # fmt: skip
+    assert token["stringData"] == {"lumigo": TOKEN}
     proxy = find(docs, "Deployment", "acme-tracing-telemetry-proxy")
     assert proxy["spec"]["replicas"] == 2
     proxy_pod = proxy["spec"]["template"]["spec"]
@@ -293,9 +316,12 @@ def test_non_default_values_are_rendered() -> None:
     # Debug keeps the hook Job (and its RBAC) for inspection.
     assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
     # Quick start: the Secret is a release object, the Lumigo a post-install hook.
-    secret = find(docs, "Secret", "my-lumigo-token")
-    assert secret["metadata"]["namespace"] == "my-app"
-    assert secret["stringData"] == {"lumigo": TOKEN}
+    secrets = [
+        d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "my-lumigo-token"
+    ]
+    # One in the monitored namespace, one in the release's (cluster collection, checked above).
+    assert sorted(d["metadata"]["namespace"] for d in secrets) == ["my-app", "observability"]
+    assert all(d["stringData"] == {"lumigo": TOKEN} for d in secrets)
     lumigo = find(docs, "Lumigo", "lumigo")
     assert lumigo["metadata"]["namespace"] == "my-app"
     assert lumigo["metadata"]["annotations"]["helm.sh/hook"] == "post-install"
@@ -323,7 +349,10 @@ def test_token_appears_only_in_its_secret(cluster: LocalCluster, tmp_path: Path)
     rendered = render_chart("lumigo", "observability", non_default_values("my-app"))
     docs = load_docs(rendered)
     holders = [d for d in docs if TOKEN in json.dumps(d)]
-    assert [(d["kind"], d["metadata"]["name"]) for d in holders] == [("Secret", "my-lumigo-token")]
+    # The monitored namespace's, and the release namespace's for cluster collection.
+    assert [(d["kind"], d["metadata"]["name"]) for d in holders] == [
+        ("Secret", "my-lumigo-token"), ("Secret", "my-lumigo-token")
+    ]  # fmt: skip
     # NOTES.txt is printed by `helm install`: it must not echo the token either.
     out = helm(
         "install", "lumigo", str(CHART), "--namespace", "observability",
