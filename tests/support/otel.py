@@ -101,8 +101,9 @@ class OTLPSink:
     wrong for the upstream) and are only counted, in `refused`. `outage()` takes it down."""
 
     requests: list[Received] = field(default_factory=list)
-    count_only: bool = False  # benchmarks: count spans, keep nothing
+    count_only: bool = False  # benchmarks: count spans and log records, keep nothing
     spans_received: int = 0
+    logs_received: int = 0
     host: str = "127.0.0.1"
     refused_tokens: set[str] = field(default_factory=set)
     refused: int = 0
@@ -182,6 +183,10 @@ class OTLPSink:
             if path == "/v1/traces":
                 self.spans_received += sum(
                     len(ss.spans) for rs in message.resource_spans for ss in rs.scope_spans
+                )
+            else:
+                self.logs_received += sum(
+                    len(sl.log_records) for rl in message.resource_logs for sl in rl.scope_logs
                 )
             if not self.count_only:
                 lower = {k.lower(): v for k, v in headers.items()}

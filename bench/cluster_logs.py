@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Container log lines per second through one cluster agent, its CPU and its memory.
+
+The real pieces: a local kube-apiserver (the agent's k8s_attributes watches the pods of its
+node there), the project's collector binary running exactly the rendered agent configuration
+(`controller.telemetry.agent_config`: filelog with the container parser and multi-line joining,
+offsets in file_storage, the disk-backed export queue, root-owner enrichment, batches), and an
+OTLP/HTTP sink as upstream that decodes every request to count the records. The log files are
+CRI-format files in a kubelet-like directory (`<ns>_<pod>_<uid>/<container>/0.log`) of a Pod
+bound to the cluster's node, written by this script.
+
+Figures:
+- idle: the agent's RSS with nothing to read;
+- steady: `--rate` lines/s written for `--seconds` (a busy node): CPU share of one core, RSS, and
+  how far delivery lags behind writing at the end;
+- saturated: `--backlog` lines already in the file when the agent starts (what it does on a
+  first install or after an outage): lines/s from start to the last delivery, and its CPU.
+Writer, agent and sink share the machine's cores, so these are floors for the agent.
+
+    .venv/bin/python bench/cluster_logs.py [--rate 2000] [--seconds 20] [--backlog 300000]
+
+Prints a summary and writes bench/results/cluster_logs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.runtime.resources import PODS  # noqa: E402
+from controller.telemetry.agent_config import AgentSettings, render_agent  # noqa: E402
+from localcluster import FAKE_NODE, running, wait_until  # noqa: E402
+from tests.support.otel import Collector, local_settings, running_sink  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "cluster_logs.json"
+NAMESPACE = "bench"
+# A typical application log line (about 120 bytes with the CRI prefix).
+MESSAGE = 'level=info msg="request served" method=GET path=/api/items status=200 ms=3 seq='
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cri_lines(start: int, count: int) -> str:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    return "".join(f"{stamp} stdout F {MESSAGE}{i}\n" for i in range(start, start + count))
+
+
+def bound_pod(kube: KubeClient, name: str) -> str:
+    """A Pod on the cluster's node: its UID names its log directory."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"nodeName": FAKE_NODE, "containers": [{"name": "app", "image": "app:bench"}]},
+    }
+    return str(kube.create(PODS, pod, NAMESPACE)["metadata"]["uid"])
+
+
+def log_file(pods_dir: Path, pod: str, uid: str) -> Path:
+    path = pods_dir / f"{NAMESPACE}_{pod}_{uid}" / "app" / "0.log"
+    path.parent.mkdir(parents=True)
+    return path
+
+
+def agent(workdir: Path, sink_url: str, env: dict[str, str]) -> Collector:
+    proxy = local_settings(sink_url, NAMESPACE)
+    settings = AgentSettings(
+        "lumigo-system",
+        proxy=proxy,
+        pods_dir=str(workdir / "pods"),
+        state_dir=str(workdir / "state"),
+    )
+    run = workdir / "agent"
+    run.mkdir(exist_ok=True)
+    env = {**env, "K8S_NODE_NAME": FAKE_NODE, "LUMIGO_CLUSTER_TOKEN": "t_0123456789abcdef01234"}
+    return Collector(render_agent(settings), run, proxy.health_port, env)
+
+
+def steady(path: Path, sink: Any, pid: int, rate: int, seconds: float) -> dict[str, Any]:
+    """Append `rate` lines per second in 10 slices a second; measure the agent meanwhile."""
+    base = sink.logs_received
+    cpu_before, started = cpu_seconds(pid), time.monotonic()
+    written, slice_lines = 0, max(rate // 10, 1)
+    with path.open("a") as out:
+        while (elapsed := time.monotonic() - started) < seconds:
+            due = int(elapsed * rate) + slice_lines
+            if written < due:
+                out.write(cri_lines(written, due - written))
+                out.flush()
+                written = due
+            time.sleep(0.1)
+    cpu = cpu_seconds(pid) - cpu_before
+    duration = time.monotonic() - started
+    lag = written - (sink.logs_received - base)
+    wait_until(lambda: sink.logs_received - base >= written, 120, "the steady lines delivered")
+    return {
+        "rate_lines_per_s": rate,
+        "written": written,
+        "cpu_share_of_one_core": round(cpu / duration, 3),
+        "lag_lines_at_end": lag,
+        "drain_s_after_end": round(time.monotonic() - started - duration, 2),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=int, default=2000, help="lines/s of the steady phase")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--backlog", type=int, default=300_000, help="lines of the saturated phase")
+    args = parser.parse_args()
+
+    figures: dict[str, Any] = {}
+    with running() as cluster, running_sink(count_only=True) as sink:
+        kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = Path(tmp)
+            (workdir / "pods").mkdir()
+            # Steady: the agent runs first, then one container writes at a fixed rate.
+            collector = agent(workdir, sink.url, cluster.env()).start()
+            try:
+                assert collector.popen is not None
+                pid = collector.popen.pid
+                time.sleep(3)
+                figures["idle_rss_mib"] = round(collector.rss_kib()[0] / 1024, 1)
+                path = log_file(workdir / "pods", "steady", bound_pod(kube, "steady"))
+                figures["steady"] = steady(path, sink, pid, args.rate, args.seconds)
+                rss, peak = collector.rss_kib()
+                figures["steady"].update(
+                    rss_mib=round(rss / 1024, 1), peak_rss_mib=round(peak / 1024, 1)
+                )
+            finally:
+                collector.stop()
+            # Saturated: a backlog waiting in a new container's file when the agent starts.
+            path = log_file(workdir / "pods", "backlog", bound_pod(kube, "backlog"))
+            with path.open("w") as out:
+                for start in range(0, args.backlog, 10_000):
+                    out.write(cri_lines(start, min(10_000, args.backlog - start)))
+            base = sink.logs_received
+            collector = agent(workdir, sink.url, cluster.env())
+            started = time.monotonic()
+            collector.start()
+            try:
+                assert collector.popen is not None
+                wait_until(lambda: sink.logs_received - base >= args.backlog, 600, "the backlog")
+                took = time.monotonic() - started
+                cpu = cpu_seconds(collector.popen.pid)
+                rss, peak = collector.rss_kib()
+            finally:
+                collector.stop()
+            figures["saturated"] = {
+                "lines": args.backlog,
+                "bytes": path.stat().st_size,
+                "seconds": round(took, 2),
+                "lines_per_s": round(args.backlog / took),
+                "mib_per_s": round(path.stat().st_size / took / 2**20, 2),
+                "cpu_cores": round(cpu / took, 2),
+                "rss_mib": round(rss / 1024, 1),
+                "peak_rss_mib": round(peak / 1024, 1),
+            }
+            figures["duplicates"] = sink.logs_received - (base + args.backlog)
+    figures["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    for key, value in figures.items():
+        print(f"{key:14} {value}")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
