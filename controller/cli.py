@@ -1,4 +1,4 @@
-"""The `lumigo-operator` command: `run`, `uninstall`, `wait-for-webhook`, `version`.
+"""The `lumigo-operator` command: `run`, `uninstall`, `wait-for-webhook`, `watchdog`, `version`.
 
 Errors exit non-zero with one line that says what went wrong (no stack trace for expected
 failures such as an unreachable API server or a missing kubeconfig).
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from api import __version__
-from controller.options import add_run_flags, parse_duration, run_options
+from controller.options import add_run_flags, add_watchdog_flags, parse_duration, run_options
 from controller.runtime.resources import ApiError
 
 log = logging.getLogger("lumigo.cli")
@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     wait.add_argument("--kubeconfig", default=None)
     wait.add_argument("--timeout", type=parse_duration, default=180.0)
     wait.add_argument("--log-level", default="info")
+    watchdog = sub.add_parser(
+        "watchdog",
+        help="report the installation's health (pods, restarts, metrics, events) upstream",
+    )
+    add_watchdog_flags(watchdog)
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -66,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(run_options(args))
         if args.command == "wait-for-webhook":
             return _wait_for_webhook(args)
+        if args.command == "watchdog":
+            from controller.telemetry.watchdog_cli import run_watchdog  # noqa: PLC0415
+
+            return run_watchdog(args)
         return _uninstall(args)
     except ApiError as err:
         print(f"lumigo-operator {args.command}: Kubernetes API error: {err}", file=sys.stderr)

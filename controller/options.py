@@ -265,6 +265,28 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
     )
 
 
+def add_watchdog_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of `lumigo-operator watchdog`; the token comes from LUMIGO_CLUSTER_TOKEN only."""
+    a = parser.add_argument
+    a("--namespace", default=default_namespace(), help="the operator's namespace [POD_NAMESPACE]")
+    a("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="[KUBECONFIG]")
+    a("--interval", type=parse_duration, default=15.0, help="how often pods and events are read")
+    a(
+        "--metrics-interval",
+        type=parse_duration,
+        default=15.0,
+        help="how often the pods' own metrics are scraped",
+    )
+    a(
+        "--logs-endpoint",
+        default=_env("LUMIGO_LOGS_ENDPOINT", ""),
+        help="where the records go ('' = Lumigo's) [LUMIGO_LOGS_ENDPOINT]",
+    )
+    a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", ""))
+    a("--operator-version", default=_env("LUMIGO_OPERATOR_VERSION", __version__))
+    a("--log-level", default=_env("LUMIGO_LOG_LEVEL", "info"))
+
+
 def run_options(args: argparse.Namespace) -> RunOptions:
     fields = RunOptions.__dataclass_fields__
     return RunOptions(**{k: v for k, v in vars(args).items() if k in fields})

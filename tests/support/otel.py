@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -175,9 +176,13 @@ class OTLPSink:
             message = logs_service_pb2.ExportLogsServiceRequest()
         else:
             return 404
+        content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
         try:
-            message.ParseFromString(body)
-        except DecodeError:
+            if content_type.startswith("application/json"):  # OTLP/HTTP's JSON encoding
+                json_format.Parse(body, message)
+            else:
+                message.ParseFromString(body)
+        except (DecodeError, json_format.ParseError):
             return 400
         with self._lock:
             if path == "/v1/traces":

@@ -1,0 +1,39 @@
+"""`lumigo-operator watchdog`: the watchdog process (controller.telemetry.watchdog)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+
+from controller.runtime.kube import KubeClient
+from controller.telemetry.config import DEFAULT_UPSTREAM, logs_url
+from controller.telemetry.watchdog import Watchdog, WatchdogSettings
+
+TOKEN_ENV = "LUMIGO_CLUSTER_TOKEN"
+
+
+def run_watchdog(args: argparse.Namespace) -> int:
+    resource = {
+        "service.name": "lumigo-operator-watchdog",
+        "k8s.namespace.name": args.namespace,
+        "lumigo.k8s_operator.version": args.operator_version,
+    }
+    if args.cluster_name:
+        resource["k8s.cluster.name"] = args.cluster_name
+    settings = WatchdogSettings(
+        namespace=args.namespace,
+        logs_endpoint=logs_url(args.logs_endpoint or DEFAULT_UPSTREAM),
+        token=os.environ.get(TOKEN_ENV, "").strip(),
+        interval=args.interval,
+        metrics_interval=args.metrics_interval,
+        resource=resource,
+        own_pod=os.environ.get("POD_NAME", ""),
+    )
+    watchdog = Watchdog(KubeClient.from_env(args.kubeconfig), settings, args.operator_version)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    watchdog.run(stop)
+    return 0
