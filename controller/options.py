@@ -266,7 +266,7 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
 
 
 def add_watchdog_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags of `lumigo-operator watchdog`; the token comes from LUMIGO_CLUSTER_TOKEN only."""
+    """Flags of `lumigo-operator watchdog`."""
     a = parser.add_argument
     a("--namespace", default=default_namespace(), help="the operator's namespace [POD_NAMESPACE]")
     a("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="[KUBECONFIG]")
@@ -283,6 +283,12 @@ def add_watchdog_flags(parser: argparse.ArgumentParser) -> None:
         help="where the records go ('' = Lumigo's) [LUMIGO_LOGS_ENDPOINT]",
     )
     a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", ""))
+    a(
+        "--token-secret",
+        default=_env("LUMIGO_CLUSTER_TOKEN_SECRET", "lumigo-credentials"),
+        help="the Secret, in --namespace, with the token [LUMIGO_CLUSTER_TOKEN_SECRET]",
+    )
+    a("--token-key", default="token")
     a("--operator-version", default=_env("LUMIGO_OPERATOR_VERSION", __version__))
     a("--log-level", default=_env("LUMIGO_LOG_LEVEL", "info"))
 

@@ -14,12 +14,14 @@ only (the operator's):
 - the namespace's Kubernetes Events not reported before (a BackOff, a FailedScheduling…).
 
 It sends them as OTLP/HTTP log records (JSON encoding, scope `lumigo-operator.watchdog`) to the
-logs endpoint, directly (not through the proxy it watches), with the cluster-collection token.
-A failed export keeps the records (bounded) for the next pass.
+logs endpoint, directly (not through the proxy it watches), with the cluster-collection token,
+read from its Secret at each export (so creating the Secret later turns reporting on). A failed
+export, or no token yet, keeps the records (bounded) for the next pass.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -34,7 +36,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import EVENTS, PODS, ApiError
+from controller.runtime.resources import EVENTS, PODS, SECRETS, ApiError
 
 log = logging.getLogger("lumigo.watchdog")
 
@@ -64,7 +66,8 @@ SEVERITY = {"INFO": 9, "WARN": 13}
 class WatchdogSettings:
     namespace: str
     logs_endpoint: str  # full URL, …/v1/logs
-    token: str = field(repr=False)
+    token_secret: str  # in `namespace`; read at each export, so a Secret created later counts
+    token_key: str = "token"
     interval: float = 15.0
     metrics_interval: float = 15.0
     resource: dict[str, str] = field(default_factory=dict)  # cluster name, version…
@@ -197,6 +200,7 @@ class Watchdog:
     _events_seen: dict[str, int] = field(default_factory=dict, init=False)
     _pending: deque[JSON] = field(default_factory=lambda: deque(maxlen=MAX_PENDING), init=False)
     _last_metrics: float = field(default=float("-inf"), init=False)
+    _no_token_logged: bool = field(default=False, init=False)
 
     def check(self, now: float | None = None) -> list[JSON]:
         """Read the namespace once; the records to send (also queued for `flush`)."""
@@ -221,7 +225,8 @@ class Watchdog:
         """Send what is pending; on failure keep it (bounded) for the next pass."""
         if not self._pending:
             return True
-        if not self.settings.token:
+        token = self._token()
+        if not token:
             return False
         records = list(self._pending)
         body = json.dumps(otlp_logs(records, self.settings.resource, self.version)).encode()
@@ -231,7 +236,7 @@ class Watchdog:
             method="POST",
             headers={
                 "Content-Type": "application/json",
-                "Authorization": f"LumigoToken {self.settings.token}",
+                "Authorization": f"LumigoToken {token}",
             },
         )
         try:
@@ -246,8 +251,6 @@ class Watchdog:
         return True
 
     def run(self, stop: threading.Event) -> None:
-        if not self.settings.token:
-            log.warning("no cluster-collection token: the watchdog reports nothing upstream")
         while not stop.is_set():
             try:
                 self.check()
@@ -257,6 +260,19 @@ class Watchdog:
             stop.wait(self.settings.interval)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _token(self) -> str:
+        """The token of the Secret ("" while it is missing: records wait, bounded)."""
+        s = self.settings
+        secret = self.client.get_or_none(SECRETS, s.token_secret, s.namespace)
+        value = ((secret or {}).get("data") or {}).get(s.token_key, "")
+        token = base64.b64decode(value).decode("utf-8", "replace").strip() if value else ""
+        if not token and not self._no_token_logged:
+            where = {"secret": f"{s.namespace}/{s.token_secret}", "key": s.token_key}
+            log.warning("no cluster-collection token yet: the watchdog keeps its records",
+                        extra=where)  # fmt: skip
+        self._no_token_logged = not token
+        return token
+
     def _pod_record(self, pod: JSON, scrape: bool) -> JSON:
         report = pod_report(pod)
         uid = str(pod["metadata"].get("uid", ""))

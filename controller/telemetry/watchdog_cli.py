@@ -11,8 +11,6 @@ from controller.runtime.kube import KubeClient
 from controller.telemetry.config import DEFAULT_UPSTREAM, logs_url
 from controller.telemetry.watchdog import Watchdog, WatchdogSettings
 
-TOKEN_ENV = "LUMIGO_CLUSTER_TOKEN"
-
 
 def run_watchdog(args: argparse.Namespace) -> int:
     resource = {
@@ -25,7 +23,8 @@ def run_watchdog(args: argparse.Namespace) -> int:
     settings = WatchdogSettings(
         namespace=args.namespace,
         logs_endpoint=logs_url(args.logs_endpoint or DEFAULT_UPSTREAM),
-        token=os.environ.get(TOKEN_ENV, "").strip(),
+        token_secret=args.token_secret,
+        token_key=args.token_key,
         interval=args.interval,
         metrics_interval=args.metrics_interval,
         resource=resource,

@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import EVENTS, PODS
+from controller.runtime.resources import EVENTS, PODS, SECRETS
 from controller.telemetry.watchdog import SCOPE, Watchdog, WatchdogSettings
 from tests.support.otel import LogSeen, running_sink
 
@@ -54,10 +54,15 @@ def set_status(kube: KubeClient, namespace: str, name: str, *, ready: bool, rest
 
 
 def watchdog(kube: KubeClient, namespace: str, url: str, scraped: list[str]) -> Watchdog:
+    """A watchdog whose token Secret exists."""
+    if kube.get_or_none(SECRETS, "cluster-token", namespace) is None:
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cluster-token"},
+                  "stringData": {"token": f" {TOKEN}\n"}}  # fmt: skip
+        kube.create(SECRETS, secret, namespace)
     settings = WatchdogSettings(
         namespace,
         f"{url}/v1/logs",
-        TOKEN,
+        "cluster-token",
         interval=1,
         metrics_interval=0,
         resource={"k8s.cluster.name": "it"},
@@ -137,3 +142,20 @@ def test_records_wait_for_an_upstream_outage_to_end(kube: KubeClient, namespace:
         assert len(pod_records(sink.logs(), "manager")) == 2, "both passes, in order, after it"
         assert dog.flush(), "nothing left pending"
         assert len(pod_records(sink.logs(), "manager")) == 2
+
+
+def test_without_the_token_secret_records_wait_for_it(kube: KubeClient, namespace: str) -> None:
+    pod(kube, namespace, "manager", "controller-manager")
+    set_status(kube, namespace, "manager", ready=True, restarts=0)
+    with running_sink() as sink:
+        settings = WatchdogSettings(namespace, f"{sink.url}/v1/logs", "created-later")
+        dog = Watchdog(kube, settings, fetch=lambda _url: "")
+        dog.check()
+        assert not dog.flush()
+        assert not sink.logs()
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "created-later"},
+                  "stringData": {"token": TOKEN}}  # fmt: skip
+        kube.create(SECRETS, secret, namespace)
+        assert dog.flush()
+        (record,) = pod_records(sink.logs(), "manager")
+        assert record.authorization == f"LumigoToken {TOKEN}"

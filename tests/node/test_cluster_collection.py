@@ -1,10 +1,14 @@
-"""Container log files on the real node (issue 17, item 1): `clusterCollection.logs` turned on
-with `helm upgrade`, the operator's cluster agent DaemonSet reads the kubelet's log files and the
-records reach an OTLP sink with the cluster token and the pod's owners.
+"""Cluster collection on the real node (issue 17): container log files and the watchdog.
 
-One app pod writes numbered lines (and a multi-line block, and a line longer than the runtime's
-16 KiB split) while the agent is restarted: each numbered line must arrive exactly once. A
-sidecar container, a namespace excluded by pattern and the operator's own namespace send nothing.
+Container log files (item 1): `clusterCollection.logs` turned on with `helm upgrade`, the
+operator's cluster agent DaemonSet reads the kubelet's log files and the records reach an OTLP
+sink with the cluster token and the pod's owners. One app pod writes numbered lines (and a
+multi-line block, and a line longer than the runtime's 16 KiB split) while the agent is
+restarted: each numbered line must arrive exactly once. A sidecar container, a namespace excluded
+by pattern and the operator's own namespace send nothing.
+
+The watchdog (item 4), on by default: installed before its token Secret existed, it reports once
+the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import pytest
 
 from controller.telemetry.agent_config import ROOT_OWNER_KIND, ROOT_OWNER_NAME, ROOT_OWNER_UID
+from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, get_json
 from tests.node.conftest import NodeHolder
@@ -169,7 +174,7 @@ def test_container_log_files_arrive_once_each_with_their_owners(product: Product
         assert r["k8s.cluster.name"], "the cluster's name is on every record"
 
     # Nothing from the excluded namespace, the sidecar or the operator's namespace.
-    everything = product.sink.logs()
+    everything = [r for r in product.sink.logs() if r.scope != WATCHDOG_SCOPE]
     assert not [r for r in everything if r.resource.get("k8s.namespace.name") == EXCLUDED_NS]
     assert not [r for r in everything if r.resource.get("k8s.container.name") == "chatty"]
     assert not [r for r in everything if r.resource.get("k8s.namespace.name") == OPERATOR_NS]
@@ -189,3 +194,54 @@ def test_turning_cluster_logs_off_removes_the_agent(product: Product) -> None:
     assert not product.kubectl(
         "get", "secret", f"{name}-config", "-n", OPERATOR_NS, "--ignore-not-found"
     ).strip()
+
+
+def watchdog_pods(product: Product, component: str) -> list[JSON]:
+    """The watchdog's latest records about the pods of one component."""
+    records = [r for r in product.sink.logs() if r.scope == WATCHDOG_SCOPE]
+    return [r.body for r in records if r.body.get("component") == component]
+
+
+def test_the_watchdog_reports_a_crash_looping_proxy(product: Product) -> None:
+    # Installed before the token Secret existed (the upgrade above created it): reporting on.
+    wait_for(lambda: watchdog_pods(product, "telemetry-proxy"), 120, "a watchdog record")
+    records = [r for r in product.sink.logs() if r.scope == WATCHDOG_SCOPE]
+    assert {r.authorization for r in records} == {f"LumigoToken {TOKEN}"}
+    assert records[0].resource["k8s.namespace.name"] == OPERATOR_NS
+    manager = wait_for(
+        lambda: [b for b in watchdog_pods(product, "controller-manager") if b.get("metrics")],
+        120, "the manager's metrics in a watchdog record",
+    )  # fmt: skip
+    assert any(k.startswith("workqueue_depth") for k in manager[-1]["metrics"])
+    proxy = wait_for(
+        lambda: [b for b in watchdog_pods(product, "telemetry-proxy") if b.get("metrics")],
+        120, "the proxy's metrics in a watchdog record",
+    )  # fmt: skip
+    assert any(k.startswith("otelcol_") for k in proxy[-1]["metrics"]), proxy[-1]["metrics"]
+
+    # The proxy's new pods crash at start (a configuration file that does not exist).
+    name = f"{product.release.fullname}-telemetry-proxy"
+    patch = [{"op": "replace", "path": "/spec/template/spec/containers/0/args",
+              "value": ["--config=/etc/otelcol/missing.yaml"]}]  # fmt: skip
+    product.kubectl("patch", "deployment", name, "-n", OPERATOR_NS, "--type=json",
+                    "-p", json.dumps(patch))  # fmt: skip
+
+    def crash_looping() -> list[JSON]:
+        return [
+            b for b in watchdog_pods(product, "telemetry-proxy")
+            if not b["ready"] and b["restarts"] >= 1
+            and any(c.get("lastTerminationReason") == "Error" for c in b["containers"])
+        ]  # fmt: skip
+
+    (report, *_) = wait_for(crash_looping, 180, "the crash-looping proxy in the watchdog's data")
+    assert report["phase"] == "Running"
+
+    def backoff_events() -> list[JSON]:
+        return [
+            r.body for r in product.sink.logs()
+            if r.scope == WATCHDOG_SCOPE and r.body.get("kind") == "event"
+            and r.body["reason"] == "BackOff" and r.body["object"] == f"Pod/{report['pod']}"
+        ]  # fmt: skip
+
+    wait_for(backoff_events, 180, "the kubelet's BackOff Event in the watchdog's data")
+    product.kubectl("rollout", "undo", f"deployment/{name}", "-n", OPERATOR_NS)
