@@ -30,7 +30,7 @@ from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRET
 from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
 from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
-from controller.telemetry.agent_config import AgentSettings
+from controller.telemetry.agent_config import AgentSettings, MetricsSettings
 from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
@@ -278,11 +278,20 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         ),
         AgentSettings(
             operator_namespace=opts.namespace,
+            logs=opts.cluster_logs,
+            metrics=MetricsSettings(
+                enabled=opts.cluster_metrics,
+                interval=opts.cluster_metrics_frequency,
+                essential_only=opts.cluster_metrics_essential_only,
+                essential=opts.cluster_metrics_essential_names,
+                kubelet_port=opts.kubelet_port,
+                upstream_endpoint=opts.telemetry_upstream_metrics_endpoint,
+            ),
             include=opts.cluster_logs_include,
             exclude=opts.cluster_logs_exclude,
             proxy=settings,
         ),
-        enabled=opts.cluster_logs,
+        enabled=opts.cluster_logs or opts.cluster_metrics,
     )
     manager.add_controller(agent.controller())
 

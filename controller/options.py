@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api import __version__, constants
-from controller.telemetry.agent_config import InvalidLogRuleError, LogFileRule
+from controller.telemetry.agent_config import ESSENTIAL_METRICS, InvalidLogRuleError, LogFileRule
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -94,6 +94,12 @@ class RunOptions:
     cluster_token_key: str = "token"
     pod_logs_dir: str = "/var/log/pods"
     cluster_agent_state_dir: str = "/var/lib/lumigo-operator/cluster-agent"
+    cluster_metrics: bool = False
+    cluster_metrics_frequency: str = "15s"
+    cluster_metrics_essential_only: bool = False
+    cluster_metrics_essential_names: tuple[str, ...] = ESSENTIAL_METRICS
+    kubelet_port: int = 10250
+    telemetry_upstream_metrics_endpoint: str = ""
 
 
 def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
@@ -262,6 +268,32 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
         "--cluster-agent-state-dir",
         default=d.cluster_agent_state_dir,
         help="where each node keeps the agent's read offsets and export queue",
+    )
+    a(
+        "--cluster-metrics",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_CLUSTER_METRICS", "false").lower() == "true",
+        help="the cluster agent also sends each node's kubelet metrics (node, pods, containers)"
+        " [LUMIGO_CLUSTER_METRICS]",
+    )
+    a("--cluster-metrics-frequency", default=d.cluster_metrics_frequency)
+    a(
+        "--cluster-metrics-essential-only",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_CLUSTER_METRICS_ESSENTIAL_ONLY", "false").lower() == "true",
+        help="send only --cluster-metrics-essential-names [LUMIGO_CLUSTER_METRICS_ESSENTIAL_ONLY]",
+    )
+    a(
+        "--cluster-metrics-essential-names",
+        type=lambda text: tuple(n.strip() for n in text.split(",") if n.strip()),
+        default=d.cluster_metrics_essential_names,
+        help="comma-separated metric names kept by --cluster-metrics-essential-only",
+    )
+    a("--kubelet-port", type=int, default=d.kubelet_port, help="the kubelets' API port")
+    a(
+        "--telemetry-upstream-metrics-endpoint",
+        default=_env("LUMIGO_METRICS_ENDPOINT", d.telemetry_upstream_metrics_endpoint),
+        help="where cluster metrics go ('' = the traces endpoint) [LUMIGO_METRICS_ENDPOINT]",
     )
 
 

@@ -27,6 +27,7 @@ from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.runtime.singlekey import single_key_controller
 from controller.telemetry.agent_config import (
+    NODE_IP_ENV,
     NODE_NAME_ENV,
     POD_LOGS_MOUNT,
     STATE_MOUNT,
@@ -89,6 +90,7 @@ class ClusterAgentReconciler:
     _identity: ClusterIdentity = field(init=False)
     _proxy_missing: bool = field(default=False, init=False)
     _removed: bool = field(default=False, init=False)
+    _token_missing: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self._identity = ClusterIdentity(self.client)
@@ -109,6 +111,16 @@ class ClusterAgentReconciler:
         if not self.enabled:
             self._remove()
             return
+        if self.client.get_or_none(SECRETS, t.token_secret, t.namespace) is None:
+            # Without it the agent's pods could not start (CreateContainerConfigError): wait.
+            if not self._token_missing:
+                log.warning(
+                    "cluster collection waits for its token Secret",
+                    extra={"secret": f"{t.namespace}/{t.token_secret}", "key": t.token_key},
+                )
+                self._token_missing = True
+            return
+        self._token_missing = False
         proxy = self.client.get_or_none(DEPLOYMENTS, t.proxy_deployment, t.namespace)
         if proxy is None:
             if not self._proxy_missing:
@@ -127,7 +139,7 @@ class ClusterAgentReconciler:
         digest = config_hash(text)
         owner = owner_reference(proxy)
         self.client.apply(SECRETS, self._secret(text, digest, owner), FIELD_MANAGER, t.namespace)
-        daemonset = agent_daemonset(t, proxy, digest)
+        daemonset = agent_daemonset(t, proxy, digest, logs=self.settings.logs)
         self.client.apply(DAEMONSETS, daemonset, FIELD_MANAGER, t.namespace)
 
     def _secret(self, text: str, digest: str, owner: JSON) -> JSON:
@@ -158,8 +170,9 @@ class ClusterAgentReconciler:
         self._removed = True
 
 
-def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str) -> JSON:
-    """The DaemonSet, with the image, pull secrets, ServiceAccount and scheduling of `proxy`."""
+def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str, *, logs: bool = True) -> JSON:
+    """The DaemonSet, with the image, pull secrets, ServiceAccount and scheduling of `proxy`;
+    the node's log directory and the agent's state are mounted only when it reads log files."""
     pod = ((proxy.get("spec") or {}).get("template") or {}).get("spec") or {}
     containers = pod.get("containers") or [{}]
     collector = next((c for c in containers if c.get("name") == "otelcol"), containers[0])
@@ -190,6 +203,10 @@ def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str) -> JSON:
                     {
                         "name": NODE_NAME_ENV,
                         "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                    },
+                    {
+                        "name": NODE_IP_ENV,
+                        "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
                     },
                     {
                         "name": TOKEN_ENV,
@@ -232,6 +249,12 @@ def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str) -> JSON:
             {"name": "state", "hostPath": {"path": t.state_dir, "type": "DirectoryOrCreate"}},
         ],
     }
+    if not logs:
+        container = pod_spec["containers"][0]
+        container["volumeMounts"] = [
+            m for m in container["volumeMounts"] if m["name"] != "pod-logs"
+        ]
+        pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != "pod-logs"]
     for key in ("imagePullSecrets", "tolerations", "affinity", "priorityClassName"):
         if pod.get(key):
             pod_spec[key] = pod[key]

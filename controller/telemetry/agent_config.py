@@ -25,10 +25,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
 from controller.telemetry.config import (
+    DURATION,
     K8S_METADATA,
     ProxySettings,
     escape_expansion,
@@ -60,6 +62,23 @@ OWNER_CHAIN = (
     ("Job", "job"),
     ("CronJob", "cronjob"),
 )
+# What `essentialOnly` keeps by default: CPU, memory, filesystem and network of nodes, pods and
+# containers, as the kubelet reports them (kubeletstats names).
+ESSENTIAL_METRICS = (
+    "k8s.node.cpu.usage",
+    "k8s.node.memory.working_set",
+    "k8s.node.memory.available",
+    "k8s.node.filesystem.usage",
+    "k8s.node.filesystem.capacity",
+    "k8s.node.network.io",
+    "k8s.pod.cpu.usage",
+    "k8s.pod.memory.working_set",
+    "k8s.pod.network.io",
+    "container.cpu.usage",
+    "container.memory.working_set",
+)
+NODE_IP_ENV = "K8S_NODE_IP"
+_METRIC_NAME = re.compile(r"^[a-z][a-z0-9_.]{0,199}$")
 # A glob over Kubernetes names: the characters of a name plus `*` and `?`. Nothing else may reach
 # a path pattern (no `/`, no `_`, which separates the parts of a pod's log directory, no `{`).
 _PATTERN = re.compile(r"^[a-z0-9.*?-]{1,253}$")
@@ -117,10 +136,36 @@ class LogFileRule:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """The kubelet metrics of the node (`clusterCollection.metrics`)."""
+
+    enabled: bool = False
+    interval: str = "15s"  # a collector duration
+    essential_only: bool = False
+    essential: tuple[str, ...] = ESSENTIAL_METRICS
+    kubelet_port: int = 10250
+    upstream_endpoint: str = ""  # '' = the proxy settings' upstream endpoint
+
+    def __post_init__(self) -> None:
+        if not DURATION.match(self.interval):
+            raise ValueError(
+                f"invalid metrics frequency {self.interval!r}: expected a duration such as 15s"
+            )
+        for name in self.essential:
+            if not _METRIC_NAME.match(name):
+                raise ValueError(f"invalid essential metric name {name!r}: expected e.g. "
+                                 "k8s.pod.cpu.usage")  # fmt: skip
+        if not 0 < self.kubelet_port < 65536:
+            raise ValueError(f"invalid kubelet port {self.kubelet_port}")
+
+
+@dataclass(frozen=True)
 class AgentSettings:
     """What the agent's configuration depends on (from the operator's flags)."""
 
     operator_namespace: str
+    logs: bool = True
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     include: tuple[LogFileRule, ...] = ()
     exclude: tuple[LogFileRule, ...] = ()
     proxy: ProxySettings = field(default_factory=ProxySettings)
@@ -142,8 +187,10 @@ def render_agent(settings: AgentSettings) -> str:
 
 def build_agent(s: AgentSettings) -> JSON:
     """The configuration as a dict; every user-given string is escaped for the collector."""
-    include = s.include or (LogFileRule(),)
-    exclude = (LogFileRule(s.operator_namespace), *s.exclude)
+    processors = ["k8s_attributes", "transform/root_owner", "resource/lumigo", "batch"]
+    attributes = operator_attributes(s.proxy)
+    if not attributes:
+        processors.remove("resource/lumigo")
     config: JSON = {
         "extensions": {
             "file_storage": {
@@ -153,34 +200,7 @@ def build_agent(s: AgentSettings) -> JSON:
             },
             "health_check": {"endpoint": f"{s.proxy.listen_host}:{s.proxy.health_port}"},
         },
-        "receivers": {
-            "filelog": {
-                "include": sorted({r.path(s.pods_dir) for r in include}),
-                "exclude": sorted({r.path(s.pods_dir) for r in exclude}),
-                # With the offsets kept on the node, "beginning" only matters for files the
-                # agent has never seen: a pod started while the agent was down loses nothing.
-                "start_at": "beginning",
-                "include_file_path": True,
-                "include_file_name": False,
-                "storage": "file_storage",
-                # A full export queue slows reading down instead of dropping records.
-                "retry_on_failure": {"enabled": True},
-                "max_log_size": "1MiB",
-                "operators": [
-                    {"type": "container", "id": "container-parser", "max_log_size": "1MiB"},
-                    {
-                        "type": "recombine",
-                        "id": "multiline",
-                        "combine_field": "body",
-                        "source_identifier": 'attributes["log.file.path"]',
-                        "is_first_entry": 'body matches "^[^[:space:]]"',
-                        "combine_with": "\n",
-                        "force_flush_period": "1s",
-                        "max_log_size": "1MiB",
-                    },
-                ],
-            }
-        },
+        "receivers": {},
         "processors": {
             "k8s_attributes": {
                 "auth_type": s.proxy.kube_auth,
@@ -195,15 +215,13 @@ def build_agent(s: AgentSettings) -> JSON:
             "transform/root_owner": {
                 "error_mode": "ignore",
                 "log_statements": [{"context": "resource", "statements": _root_owner()}],
+                "metric_statements": [{"context": "resource", "statements": _root_owner()}],
             },
-            "resource/lumigo": {"attributes": operator_attributes(s.proxy)},
-            "batch/logs": {"send_batch_size": s.batch_size, "timeout": s.batch_timeout},
+            "resource/lumigo": {"attributes": attributes},
+            "batch": {"send_batch_size": s.batch_size, "timeout": s.batch_timeout},
         },
         "exporters": {
             "otlp_http/lumigo": {
-                "logs_endpoint": logs_url(
-                    s.proxy.upstream_logs_endpoint or s.proxy.upstream_endpoint
-                ),
                 "sending_queue": {
                     "sizer": "items",
                     "queue_size": s.queue_items,
@@ -213,31 +231,96 @@ def build_agent(s: AgentSettings) -> JSON:
         },
         "service": {
             "extensions": ["file_storage", "health_check"],
-            "pipelines": {
-                "logs/container-files": {
-                    "receivers": ["filelog"],
-                    "processors": [
-                        "k8s_attributes",
-                        "transform/root_owner",
-                        "resource/lumigo",
-                        "batch/logs",
-                    ],
-                    "exporters": ["otlp_http/lumigo"],
-                }
-            },
+            "pipelines": {},
             "telemetry": self_telemetry(s.proxy),
         },
     }
-    if not config["processors"]["resource/lumigo"]["attributes"]:
+    if not attributes:
         del config["processors"]["resource/lumigo"]
-        config["service"]["pipelines"]["logs/container-files"]["processors"].remove(
-            "resource/lumigo"
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    if s.logs:
+        config["receivers"]["filelog"] = _filelog(s)
+        exporter["logs_endpoint"] = logs_url(
+            s.proxy.upstream_logs_endpoint or s.proxy.upstream_endpoint
         )
+        config["service"]["pipelines"]["logs/container-files"] = {
+            "receivers": ["filelog"],
+            "processors": processors,
+            "exporters": ["otlp_http/lumigo"],
+        }
+    m = s.metrics
+    if m.enabled:
+        config["receivers"]["kubeletstats"] = {
+            # A collector run outside a cluster (tests, the bench) reaches a kubelet without a
+            # ServiceAccount token.
+            "auth_type": "serviceAccount" if s.proxy.kube_auth == "serviceAccount" else "none",
+            "collection_interval": m.interval,
+            # Kubelets serve self-signed certificates on most clusters.
+            "insecure_skip_verify": True,
+            "metric_groups": ["node", "pod", "container"],
+        }
+        exporter["metrics_endpoint"] = metrics_url(m.upstream_endpoint or s.proxy.upstream_endpoint)
+        metric_processors = list(processors)
+        if m.essential_only:
+            names = " or ".join(f'name == "{n}"' for n in m.essential)
+            config["processors"]["filter/essential"] = {
+                "error_mode": "ignore",
+                "metrics": {"metric": [f"not ({names})"]},
+            }
+            metric_processors.insert(0, "filter/essential")
+        config["service"]["pipelines"]["metrics/kubelet"] = {
+            "receivers": ["kubeletstats"],
+            "processors": metric_processors,
+            "exporters": ["otlp_http/lumigo"],
+        }
     escaped: JSON = escape_expansion(config)
-    # The one expansion the agent uses, added after escaping: the token from its environment.
-    exporter = escaped["exporters"]["otlp_http/lumigo"]
-    exporter["headers"] = {"Authorization": f"LumigoToken ${{env:{TOKEN_ENV}}}"}
+    # The expansions the agent uses, added after escaping: its node and token from its env.
+    escaped["exporters"]["otlp_http/lumigo"]["headers"] = {
+        "Authorization": f"LumigoToken ${{env:{TOKEN_ENV}}}"
+    }
+    if m.enabled:
+        escaped["receivers"]["kubeletstats"]["endpoint"] = (
+            f"https://${{env:{NODE_IP_ENV}}}:{m.kubelet_port}"
+        )
     return escaped
+
+
+def metrics_url(endpoint: str) -> str:
+    """The exporter's full metrics URL (a bare host gets /v1/metrics)."""
+    if urlparse(endpoint).path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/metrics"
+    return endpoint
+
+
+def _filelog(s: AgentSettings) -> JSON:
+    include = s.include or (LogFileRule(),)
+    exclude = (LogFileRule(s.operator_namespace), *s.exclude)
+    return {
+        "include": sorted({r.path(s.pods_dir) for r in include}),
+        "exclude": sorted({r.path(s.pods_dir) for r in exclude}),
+        # With the offsets kept on the node, "beginning" only matters for files the agent has
+        # never seen: a pod started while the agent was down loses nothing.
+        "start_at": "beginning",
+        "include_file_path": True,
+        "include_file_name": False,
+        "storage": "file_storage",
+        # A full export queue slows reading down instead of dropping records.
+        "retry_on_failure": {"enabled": True},
+        "max_log_size": "1MiB",
+        "operators": [
+            {"type": "container", "id": "container-parser", "max_log_size": "1MiB"},
+            {
+                "type": "recombine",
+                "id": "multiline",
+                "combine_field": "body",
+                "source_identifier": 'attributes["log.file.path"]',
+                "is_first_entry": 'body matches "^[^[:space:]]"',
+                "combine_with": "\n",
+                "force_flush_period": "1s",
+                "max_log_size": "1MiB",
+            },
+        ],
+    }
 
 
 def _root_owner() -> list[str]:

@@ -12,7 +12,7 @@ import yaml
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
-from controller.telemetry.agent_config import TOKEN_ENV, AgentSettings, LogFileRule
+from controller.telemetry.agent_config import TOKEN_ENV, AgentSettings, LogFileRule, MetricsSettings
 from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION, CONFIG_KEY
 from tests.support.workloads import one_container_deployment
@@ -23,6 +23,11 @@ JSON = dict[str, Any]
 
 
 def proxy(kube: KubeClient, namespace: str) -> JSON:
+    """The proxy Deployment, and the token Secret cluster collection waits for."""
+    if kube.get_or_none(SECRETS, "cluster-token", namespace) is None:
+        token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cluster-token"},
+                 "stringData": {"key": "t_0123456789abcdef01234"}}  # fmt: skip
+        kube.create(SECRETS, token, namespace)
     body = one_container_deployment(PROXY, "otelcol:test", container="otelcol")
     pod = body["spec"]["template"]["spec"]
     pod["serviceAccountName"] = "proxy-sa"
@@ -118,9 +123,40 @@ def test_turned_off_the_agent_and_its_configuration_are_deleted(
 
 
 def test_without_the_proxy_deployment_nothing_is_created(kube: KubeClient, namespace: str) -> None:
+    token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cluster-token"},
+             "stringData": {"key": "t_0123456789abcdef01234"}}  # fmt: skip
+    kube.create(SECRETS, token, namespace)
     reconciler = make(kube, namespace)
     reconciler.sync()
     assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is None
     proxy(kube, namespace)
     reconciler.sync()
     assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is not None
+
+
+def test_without_the_token_secret_nothing_is_created_until_it_exists(
+    kube: KubeClient, namespace: str
+) -> None:
+    body = one_container_deployment(PROXY, "otelcol:test", container="otelcol")
+    kube.create(DEPLOYMENTS, body, namespace)
+    reconciler = make(kube, namespace)
+    reconciler.sync()
+    assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is None, "its pods could not start"
+    token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cluster-token"},
+             "stringData": {"key": "t_0123456789abcdef01234"}}  # fmt: skip
+    kube.create(SECRETS, token, namespace)
+    reconciler.sync()
+    assert kube.get_or_none(DAEMONSETS, AGENT, namespace) is not None
+
+
+def test_metrics_only_mounts_no_log_directory_and_reads_the_node_ip(
+    kube: KubeClient, namespace: str
+) -> None:
+    proxy(kube, namespace)
+    make(kube, namespace, logs=False, metrics=MetricsSettings(enabled=True)).sync()
+    pod = kube.get(DAEMONSETS, AGENT, namespace)["spec"]["template"]["spec"]
+    assert "pod-logs" not in {v["name"] for v in pod["volumes"]}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["K8S_NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    config = config_of(kube, namespace)
+    assert set(config["service"]["pipelines"]) == {"metrics/kubelet"}

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.telemetry.agent_config import AgentSettings, LogFileRule, render_agent
+from controller.telemetry.agent_config import (
+    AgentSettings,
+    LogFileRule,
+    MetricsSettings,
+    render_agent,
+)
 from controller.telemetry.config import MonitoredNamespace, Origin, ProxySettings, render
 from tests.support.otel import COLLECTOR
 
@@ -59,6 +64,17 @@ def test_validate_rejects_a_broken_config(tmp_path: Path) -> None:
             exclude=(LogFileRule(container_pattern="istio-proxy"),),
             proxy=ProxySettings(origin=Origin(cluster_name="prod", cluster_uid="u")),
         ),
+        AgentSettings(
+            "ops",
+            logs=False,
+            metrics=MetricsSettings(enabled=True, essential_only=True),
+            proxy=ProxySettings(kube_auth="kubeConfig"),
+        ),
+        AgentSettings(
+            "ops",
+            metrics=MetricsSettings(enabled=True, upstream_endpoint="https://m.example.com"),
+            proxy=ProxySettings(kube_auth="kubeConfig"),
+        ),
     ],
 )
 def test_the_cluster_agent_config_passes_collector_validate(
@@ -66,7 +82,8 @@ def test_the_cluster_agent_config_passes_collector_validate(
 ) -> None:
     config = tmp_path / "agent.yaml"
     config.write_text(render_agent(replace(settings, state_dir=str(tmp_path / "state"))))
-    env = {"PATH": "/usr/bin:/bin", "K8S_NODE_NAME": "n", "LUMIGO_CLUSTER_TOKEN": "t"}
+    env = {"PATH": "/usr/bin:/bin", "K8S_NODE_NAME": "n", "K8S_NODE_IP": "10.0.0.1",
+           "LUMIGO_CLUSTER_TOKEN": "t", "KUBECONFIG": str(tmp_path / "kubeconfig")}  # fmt: skip
     result = subprocess.run(
         [str(COLLECTOR), "validate", f"--config={config}"],
         capture_output=True,

@@ -124,6 +124,7 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
     # URL (the chart's default, the bare host, would post events to "/": reported on issue 13).
     flags += ["--set", f"endpoint.otlp.url={sink_url}"]
     flags += ["--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs"]
+    flags += ["--set", f"endpoint.otlp.metrics_url={sink_url}/v1/metrics"]
     flags += ["--set", f"cluster.name={CLUSTER_NAME}"]
     # The namespace heartbeat every 20 s instead of hourly, so that tests see several.
     flags += ["--set", f"telemetryProxy.heartbeatInterval={HEARTBEAT_INTERVAL}"]

@@ -7,8 +7,12 @@ multi-line block, and a line longer than the runtime's 16 KiB split) while the a
 restarted: each numbered line must arrive exactly once. A sidecar container, a namespace excluded
 by pattern and the operator's own namespace send nothing.
 
-The watchdog (item 4), on by default: installed before its token Secret existed, it reports once
-the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
+Node metrics (item 2, the kubelet part), on by default: the same agent scrapes its node's
+kubelet; the app's pod and container series arrive enriched, and `essentialOnly` keeps only the
+listed names.
+
+The watchdog (item 4), on by default: installed before its token Secret existed, it reports
+once the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ from tests.node.product import (
     installed_product,
     wait_for,
 )
-from tests.support.otel import LogSeen
+from tests.support.otel import LogSeen, MetricSeen
 
 JSON = dict[str, Any]
 TOKEN = f"t_{uuid.uuid4().hex[:21]}"
 APP_NS, EXCLUDED_NS = "logs-app", "logs-excluded"
 STATE_DIR = Path("/var/lib/lumigo-operator/cluster-agent")  # the chart's default, on the node
 LINES = 600  # at 20 per second: 30 s of writing, across the agent's restart
+ESSENTIAL = ("k8s.pod.cpu.usage", "k8s.node.cpu.usage")  # essentialOnly's list in the test
 LONG = 20_000  # characters: containerd writes it as a partial record, then the rest
 # The app: a multi-line block (continuation lines indented), a long line, numbered lines, then
 # it idles. `TAG` makes every line of this run unique.
@@ -80,6 +85,9 @@ def enable_cluster_logs(product: Product) -> None:
         "--set", f"lumigoToken.value={TOKEN}",
         "--set", "clusterCollection.logs.exclude[0].namespacePattern=logs-excl*",
         "--set", "clusterCollection.logs.exclude[1].containerPattern=chatty",
+        # Node metrics are on by default; this node's kubelet listens on a port of its own.
+        "--set", f"clusterCollection.metrics.kubeletPort={product.node.kubelet_port}",
+        "--set", "clusterCollection.metrics.frequency=5s",
     )  # fmt: skip
 
 
@@ -180,10 +188,55 @@ def test_container_log_files_arrive_once_each_with_their_owners(product: Product
     assert not [r for r in everything if r.resource.get("k8s.namespace.name") == OPERATOR_NS]
 
 
-def test_turning_cluster_logs_off_removes_the_agent(product: Product) -> None:
+def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
+    product: Product,
+) -> None:
+    (pod,) = product.pods(APP_NS, "app=writer")
+    owner = get_json(product.cluster, "deployment", "writer", "-n", APP_NS)["metadata"]
+
+    def of_writer() -> list[MetricSeen]:
+        return [m for m in product.sink.metrics()
+                if m.resource.get("k8s.pod.name") == pod["metadata"]["name"]]  # fmt: skip
+
+    wait_for(
+        lambda: {"k8s.pod.cpu.usage", "container.memory.working_set"}
+        <= {m.name for m in of_writer()},
+        120, "the kubelet's pod and container metrics of the app",
+    )  # fmt: skip
+    for metric in of_writer():
+        r = metric.resource
+        assert metric.authorization == f"LumigoToken {TOKEN}"
+        assert (r["k8s.namespace.name"], r["k8s.node.name"]) == (APP_NS, product.node.name)
+        assert (r[ROOT_OWNER_KIND], r[ROOT_OWNER_UID]) == ("Deployment", owner["uid"])
+    node_metrics = {m.name for m in product.sink.metrics() if "k8s.pod.name" not in m.resource}
+    assert "k8s.node.cpu.usage" in node_metrics
+    everything = {m.name for m in product.sink.metrics()}
+    assert len(everything) > 2, everything
+
+    # essentialOnly: after the agents roll, only the listed names arrive.
+    before = {p["metadata"]["uid"] for p in agent_pods(product)}
+    product.release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
+        "--set", "clusterCollection.metrics.essentialOnly=true",
+        "--set", f"clusterCollection.metrics.essentialMetrics.names={{{','.join(ESSENTIAL)}}}",
+    )  # fmt: skip
+    rolled = wait_for(
+        lambda: (p := agent_ready(product)) and p["metadata"]["uid"] not in before and p,
+        180, "the agent restarted with essentialOnly",
+    )  # fmt: skip
+    started = rolled["status"]["startTime"]
+    seen = len(product.sink.requests)
+    wait_for(lambda: any(m.name == "k8s.pod.cpu.usage" for m in product.sink.metrics(since=seen)),
+             120, "essential metrics after the change")  # fmt: skip
+    names = {m.name for m in product.sink.metrics(since=seen)}
+    assert names <= set(ESSENTIAL), (started, names)
+
+
+def test_turning_cluster_collection_off_removes_the_agent(product: Product) -> None:
     product.release.helm(
         "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
         "--set", "clusterCollection.logs.enabled=false",
+        "--set", "clusterCollection.metrics.enabled=false",
     )  # fmt: skip
     name = f"{product.release.fullname}-cluster-agent"
     wait_until(
@@ -208,16 +261,17 @@ def test_the_watchdog_reports_a_crash_looping_proxy(product: Product) -> None:
     records = [r for r in product.sink.logs() if r.scope == WATCHDOG_SCOPE]
     assert {r.authorization for r in records} == {f"LumigoToken {TOKEN}"}
     assert records[0].resource["k8s.namespace.name"] == OPERATOR_NS
-    manager = wait_for(
-        lambda: [b for b in watchdog_pods(product, "controller-manager") if b.get("metrics")],
-        120, "the manager's metrics in a watchdog record",
-    )  # fmt: skip
-    assert any(k.startswith("workqueue_depth") for k in manager[-1]["metrics"])
-    proxy = wait_for(
-        lambda: [b for b in watchdog_pods(product, "telemetry-proxy") if b.get("metrics")],
-        120, "the proxy's metrics in a watchdog record",
-    )  # fmt: skip
-    assert any(k.startswith("otelcol_") for k in proxy[-1]["metrics"]), proxy[-1]["metrics"]
+
+    def scraped(component: str, prefix: str) -> list[JSON]:
+        """Records of `component` whose scraped metrics have a series named `prefix…` (a pod
+        that is starting may not answer yet: that record says lumigo_watchdog_scrape_failed)."""
+        return [b for b in watchdog_pods(product, component)
+                if any(k.startswith(prefix) for k in b.get("metrics") or {})]  # fmt: skip
+
+    wait_for(lambda: scraped("controller-manager", "workqueue_depth"), 120,
+             "the manager's work-queue depth in a watchdog record")  # fmt: skip
+    wait_for(lambda: scraped("telemetry-proxy", "otelcol_exporter_"), 120,
+             "the proxy's exporter metrics in a watchdog record")  # fmt: skip
 
     # The proxy's new pods crash at start (a configuration file that does not exist).
     name = f"{product.release.fullname}-telemetry-proxy"

@@ -25,6 +25,7 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
@@ -91,6 +92,13 @@ class LogSeen:
     body: Any
     attributes: dict[str, Any]
     scope: str
+    authorization: str
+
+
+@dataclass
+class MetricSeen:
+    resource: dict[str, Any]
+    name: str
     authorization: str
 
 
@@ -174,6 +182,8 @@ class OTLPSink:
             message = trace_service_pb2.ExportTraceServiceRequest()
         elif path == "/v1/logs":
             message = logs_service_pb2.ExportLogsServiceRequest()
+        elif path == "/v1/metrics":
+            message = metrics_service_pb2.ExportMetricsServiceRequest()
         else:
             return 404
         content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
@@ -189,7 +199,7 @@ class OTLPSink:
                 self.spans_received += sum(
                     len(ss.spans) for rs in message.resource_spans for ss in rs.scope_spans
                 )
-            else:
+            elif path == "/v1/logs":
                 self.logs_received += sum(
                     len(sl.log_records) for rl in message.resource_logs for sl in rl.scope_logs
                 )
@@ -230,6 +240,19 @@ class OTLPSink:
             for sl in rl.scope_logs
             for rec in sl.log_records
         ]
+
+    def metrics(self, since: int = 0) -> list[MetricSeen]:
+        """The metrics of the requests received after the first `since` ones."""
+        with self._lock:
+            received = [r for r in self.requests[since:] if r.path == "/v1/metrics"]
+        return [
+            MetricSeen(attrs(rm.resource.attributes), metric.name,
+                       r.headers.get("authorization", ""))
+            for r in received
+            for rm in r.message.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+        ]  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from controller.telemetry.agent_config import (
     AgentSettings,
     InvalidLogRuleError,
     LogFileRule,
+    MetricsSettings,
     build_agent,
     render_agent,
 )
@@ -134,3 +135,48 @@ def test_rendering_is_deterministic_yaml() -> None:
     settings = AgentSettings("ops", include=(LogFileRule("b"), LogFileRule("a")))
     assert render_agent(settings) == render_agent(settings)
     assert yaml.safe_load(render_agent(settings)) == build_agent(settings)
+
+
+def test_kubelet_metrics_have_a_pipeline_of_their_own_with_the_same_enrichment() -> None:
+    proxy = ProxySettings(upstream_endpoint="https://t.example")
+    config = build_agent(AgentSettings("ops", logs=False, metrics=MetricsSettings(enabled=True),
+                                       proxy=proxy))  # fmt: skip
+    assert set(config["service"]["pipelines"]) == {"metrics/kubelet"}
+    assert "filelog" not in config["receivers"]
+    pipeline = config["service"]["pipelines"]["metrics/kubelet"]
+    assert pipeline["processors"][:2] == ["k8s_attributes", "transform/root_owner"]
+    kubelet = config["receivers"]["kubeletstats"]
+    assert kubelet["endpoint"] == "https://${env:K8S_NODE_IP}:10250"
+    assert kubelet["collection_interval"] == "15s"
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    assert exporter["metrics_endpoint"] == "https://t.example/v1/metrics"
+    assert "logs_endpoint" not in exporter
+
+
+def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
+    metrics = MetricsSettings(enabled=True, essential_only=True, essential=("a.b", "c.d"),
+                              upstream_endpoint="https://m.example/otlp/v1/metrics")  # fmt: skip
+    config = build_agent(AgentSettings("ops", metrics=metrics))
+    assert config["processors"]["filter/essential"]["metrics"]["metric"] == [
+        'not (name == "a.b" or name == "c.d")'
+    ]
+    assert config["service"]["pipelines"]["metrics/kubelet"]["processors"][0] == "filter/essential"
+    assert (
+        "filter/essential"
+        not in config["service"]["pipelines"]["logs/container-files"]["processors"]
+    )
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    assert exporter["metrics_endpoint"] == "https://m.example/otlp/v1/metrics"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("interval", "15", "invalid metrics frequency"),
+        ("essential", ('a") or true or ("',), "invalid essential metric name"),
+        ("kubelet_port", 0, "invalid kubelet port"),
+    ],
+)
+def test_bad_metrics_settings_are_refused(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MetricsSettings(enabled=True, **{field: value})  # type: ignore[arg-type]
