@@ -96,7 +96,11 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
             "rolloutTimeout": "1h",
         },
         "endpoint": {
-            "otlp": {"url": "https://otlp.example.com", "logs_url": "https://logs.example.com"}
+            "otlp": {
+                "url": "https://otlp.example.com",
+                "logs_url": "https://logs.example.com",
+                "metrics_url": "https://metrics.example.com",
+            }
         },
         "telemetryProxy": {
             "replicas": 2,
@@ -123,7 +127,19 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
                 "include": [{"namespacePattern": "team-*"}],
                 "exclude": [{"podPattern": "debug-?", "containerPattern": "istio-proxy"}],
                 "podLogsDir": "/data/pods",
-            }
+            },
+            "metrics": {
+                "enabled": True,
+                "essentialOnly": True,
+                "essentialMetrics": {"names": ["k8s.pod.cpu.usage", "k8s.node.cpu.usage"]},
+                "frequency": "30s",
+                "kubeletPort": 10255,
+            },
+        },
+        "watchdog": {
+            "otelCollector": {"internalMetricsFrequency": "1m"},
+            "watchers": {"top": {"frequency": "30s"}},
+            "resources": {"limits": {"cpu": "200m", "memory": "96Mi"}},
         },
         "lumigoToken": {"secretName": "my-lumigo-token", "secretKey": "lumigo", "value": TOKEN},
         "monitoredNamespaces": [{"namespace": monitored_namespace, "loggingEnabled": True}],
@@ -257,7 +273,7 @@ def test_non_default_values_are_rendered() -> None:
         assert arg in container["args"]
     assert "--revert" not in container["args"]
     # The telemetry proxy: where the operator finds it, where it sends, what it is called.
-    assert container["args"][-14:] == [
+    assert container["args"][-20:] == [
         "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
         "--telemetry-proxy-config-secret=acme-tracing-telemetry-proxy-config",
         "--telemetry-upstream-endpoint=https://otlp.example.com",
@@ -270,10 +286,28 @@ def test_non_default_values_are_rendered() -> None:
         '--cluster-logs-include=[{"namespacePattern":"team-*"}]',
         '--cluster-logs-exclude=[{"containerPattern":"istio-proxy","podPattern":"debug-?"}]',
         "--pod-logs-dir=/data/pods",
+        "--cluster-metrics",
+        "--cluster-metrics-frequency=30s",
+        "--cluster-metrics-essential-only",
+        "--cluster-metrics-essential-names=k8s.pod.cpu.usage,k8s.node.cpu.usage",
+        "--kubelet-port=10255",
+        "--telemetry-upstream-metrics-endpoint=https://metrics.example.com",
         "--cluster-agent-daemonset=acme-tracing-cluster-agent",
         "--cluster-token-secret=my-lumigo-token",
         "--cluster-token-key=lumigo",
     ]
+    # The watchdog: its frequencies, endpoint, token Secret and resources.
+    watchdog = find(docs, "Deployment", "acme-tracing-watchdog")
+    (dog,) = watchdog["spec"]["template"]["spec"]["containers"]
+    assert dog["args"] == [
+        "--interval=30s", "--metrics-interval=1m", "--logs-endpoint=https://logs.example.com",
+        "--token-secret=my-lumigo-token", "--token-key=lumigo", "--cluster-name=prod-eu-1",
+    ]  # fmt: skip
+    assert dog["image"] == "registry.example.com/lumigo/operator:v9.9.9"
+    assert dog["resources"]["limits"] == {"cpu": "200m", "memory": "96Mi"}
+    assert watchdog["spec"]["template"]["spec"]["tolerations"][0]["key"] == "spot"
+    token_role = find(docs, "Role", "acme-tracing-watchdog-token")
+    assert token_role["rules"][0]["resourceNames"] == ["my-lumigo-token"]
     # The token Secret of cluster collection, in the release namespace.
     (token,) = [
         d for d in docs

@@ -248,9 +248,13 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
     ]  # fmt: skip
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in hook_rbac))
 
-    # Cluster collection on (the OLM way: an env var), so the agent DaemonSet is applied.
+    # Cluster collection on (the OLM way: an env var), so the agent DaemonSet is applied once
+    # its token Secret exists.
     cluster.kubectl("set", "env", "-n", NAMESPACE, f"deployment/{DEPLOYMENT}",
                     "--containers=manager", "LUMIGO_CLUSTER_LOGS=true")  # fmt: skip
+    token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "lumigo-credentials"},
+             "stringData": {"token": TOKEN}}  # fmt: skip
+    cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(token))
 
     with installed_operator(cluster, kube, NAMESPACE, DEPLOYMENT, workdir) as operator:
         wait_until(lambda: kube.get_or_none(DAEMONSETS, AGENT, NAMESPACE), 60, "the agent")
@@ -294,11 +298,13 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
             if resource is not JOBS:
                 assert clean(kube.get(resource, resource.plural, first)), resource.plural
 
-        # Cluster collection turned off: the restarted operator deletes the agent.
+        # Cluster collection turned off (logs and metrics): the restarted operator deletes the
+        # agent.
         operator.stop()
         for var in operator.container["env"]:
             if var["name"] == "LUMIGO_CLUSTER_LOGS":
                 var["value"] = "false"
+        operator.container["args"].append("--no-cluster-metrics")
         operator.start().wait_ready()
         wait_until(lambda: not kube.get_or_none(DAEMONSETS, AGENT, NAMESPACE), 60, "no agent")
 
