@@ -32,6 +32,7 @@ import yaml
 from controller.telemetry.config import (
     DURATION,
     K8S_METADATA,
+    ROOT_OWNER_CHAIN,
     ProxySettings,
     escape_expansion,
     logs_url,
@@ -52,16 +53,6 @@ TOKEN_ENV = "LUMIGO_CLUSTER_TOKEN"
 ROOT_OWNER_KIND = "lumigo.k8s.root_owner.kind"
 ROOT_OWNER_NAME = "lumigo.k8s.root_owner.name"
 ROOT_OWNER_UID = "lumigo.k8s.root_owner.uid"
-# From the nearest owner to the farthest: a later one, when present, is the root.
-OWNER_CHAIN = (
-    ("Pod", "pod"),
-    ("ReplicaSet", "replicaset"),
-    ("Deployment", "deployment"),
-    ("StatefulSet", "statefulset"),
-    ("DaemonSet", "daemonset"),
-    ("Job", "job"),
-    ("CronJob", "cronjob"),
-)
 # What `essentialOnly` keeps by default: CPU, memory, filesystem and network of nodes, pods and
 # containers, as the kubelet reports them (kubeletstats names).
 ESSENTIAL_METRICS = (
@@ -326,7 +317,7 @@ def _filelog(s: AgentSettings) -> JSON:
 def _root_owner() -> list[str]:
     """OTTL statements setting the root owner from the owner chain's attributes."""
     statements: list[str] = []
-    for kind, attribute in OWNER_CHAIN:
+    for kind, _api_version, attribute in ROOT_OWNER_CHAIN:
         name, uid = f'attributes["k8s.{attribute}.name"]', f'attributes["k8s.{attribute}.uid"]'
         statements += [
             f'delete_key(attributes, "{ROOT_OWNER_UID}") where {name} != nil',

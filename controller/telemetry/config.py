@@ -61,6 +61,22 @@ HEARTBEAT_KIND = "Lumigo"
 # A collector duration: what `heartbeat_interval` may be (it comes from a flag).
 DURATION = re.compile(r"^[1-9][0-9]{0,5}(ms|s|m|h)$")
 
+# Events, and those about a pod (OTTL conditions on a watched Event's record).
+INVOLVED = 'log.body["object"]["involvedObject"]'
+EVENT = 'log.body["object"]["kind"] == "Event"'
+POD_EVENT = f'{EVENT} and {INVOLVED}["kind"] == "Pod"'
+# A pod's owners from the nearest to the farthest: (kind, apiVersion, k8s_attributes name).
+ROOT_OWNER_CHAIN = (
+    ("Pod", "v1", "pod"),
+    ("ReplicaSet", "apps/v1", "replicaset"),
+    ("Deployment", "apps/v1", "deployment"),
+    ("StatefulSet", "apps/v1", "statefulset"),
+    ("DaemonSet", "apps/v1", "daemonset"),
+    ("Job", "batch/v1", "job"),
+    ("CronJob", "batch/v1", "cronjob"),
+)
+TOP_LEVEL_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob")
+
 # Pod, namespace and owner-chain attributes added to every span and log of the proxy.
 K8S_METADATA = (
     "k8s.namespace.name",
@@ -323,6 +339,19 @@ def _add_events_pipelines(
             f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "{HEARTBEAT_KIND}"'
         ],
     }
+    # An Event about a pod gets the pod's owner chain (k8s_attributes, associated by the pod's
+    # UID, which the first transform copies from the Event to its record's resource: each watched
+    # object is a resource of its own), then its root owner in the Event itself.
+    config["processors"]["transform/event_pod"] = {
+        "error_mode": "ignore",
+        "log_statements": [
+            f'set(resource.attributes["k8s.pod.uid"], {INVOLVED}["uid"]) where {POD_EVENT}'
+        ],
+    }
+    config["processors"]["transform/root_owner_reference"] = {
+        "error_mode": "ignore",
+        "log_statements": root_owner_reference_statements(),
+    }
     config["processors"]["batch/events"] = {
         "send_batch_size": s.events_batch_size,
         "timeout": s.events_batch_timeout,
@@ -358,12 +387,37 @@ def _add_events_pipelines(
             "receivers": [f"k8s_objects/{ns.name}", f"k8s_objects/heartbeat-{ns.name}"],
             "processors": [
                 "transform/heartbeat",
+                "transform/event_pod",
+                "k8s_attributes",
+                "transform/root_owner_reference",
                 "resource/lumigo",
                 f"resource/ns-{ns.name}",
                 "batch/events",
             ],
             "exporters": [f"otlp_http/ns-{ns.name}"],
         }
+
+
+def root_owner_reference_statements() -> list[str]:
+    """OTTL setting `rootOwnerReference` ({apiVersion, kind, name, uid}) in an Event's body: for
+    a pod, its farthest owner known to k8s_attributes (later statements win); for a workload
+    that has no owner of its kind (a Deployment, StatefulSet, DaemonSet or CronJob), itself.
+    ReplicaSets and Jobs get none: their owners are not known here."""
+    target = 'log.body["object"]["rootOwnerReference"]'
+    statements = []
+    for kind, api_version, attribute in ROOT_OWNER_CHAIN:
+        name = f'resource.attributes["k8s.{attribute}.name"]'
+        uid = f'resource.attributes["k8s.{attribute}.uid"]'
+        reference = (
+            f'{{"apiVersion": "{api_version}", "kind": "{kind}", "name": {name}, "uid": {uid}}}'
+        )
+        statements.append(f"set({target}, {reference}) where {POD_EVENT} and {name} != nil")
+    top_level = " or ".join(f'{INVOLVED}["kind"] == "{kind}"' for kind in TOP_LEVEL_KINDS)
+    itself = ", ".join(
+        f'"{key}": {INVOLVED}["{key}"]' for key in ("apiVersion", "kind", "name", "uid")
+    )
+    statements.append(f"set({target}, {{{itself}}}) where {EVENT} and ({top_level})")
+    return statements
 
 
 def _heartbeat(namespace: str, interval: str) -> JSON:

@@ -19,7 +19,14 @@ import pytest
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, SECRETS
+from controller.runtime.resources import (
+    DEPLOYMENTS,
+    EVENTS,
+    NAMESPACES,
+    PODS,
+    REPLICASETS,
+    SECRETS,
+)
 from controller.telemetry.config import HEARTBEAT_SCOPE, MonitoredNamespace, render
 from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
@@ -324,3 +331,86 @@ def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_tok
                     and r.resource.get("k8s.namespace.name") not in tokens]  # fmt: skip
     finally:
         lumigoes.stop()
+
+
+def owned_pod(kube: KubeClient, namespace: str) -> tuple[JSON, JSON]:
+    """A Deployment, a ReplicaSet it controls and a Pod that ReplicaSet controls (made by hand,
+    as the controllers would): (deployment, pod)."""
+    deploy = kube.create(DEPLOYMENTS, one_container_deployment("shop", "python:3.12"), namespace)
+
+    def owner(obj: JSON) -> JSON:
+        meta = obj["metadata"]
+        return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
+                "uid": meta["uid"], "controller": True}  # fmt: skip
+
+    replicaset = kube.create(
+        REPLICASETS,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "shop-5d8f7c9b4", "ownerReferences": [owner(deploy)]},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "shop", "hash": "5d8f7c9b4"}},
+                "template": {
+                    "metadata": {"labels": {"app": "shop", "hash": "5d8f7c9b4"}},
+                    "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+                },
+            },
+        },
+        namespace,
+    )
+    pod = kube.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "shop-5d8f7c9b4-x2x2x", "ownerReferences": [owner(replicaset)]},
+            "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
+        },
+        namespace,
+    )
+    return deploy, pod
+
+
+def event_about(kube: KubeClient, namespace: str, obj: JSON, name: str) -> None:
+    meta = obj["metadata"]
+    involved = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
+                "namespace": namespace, "uid": meta["uid"]}  # fmt: skip
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+             "involvedObject": involved, "reason": "Test", "type": "Normal", "message": name,
+             "source": {"component": "test"}, "count": 1}  # fmt: skip
+    kube.create(EVENTS, event, namespace)
+
+
+def test_events_carry_the_root_owner_of_their_object(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    monitored = namespaces["monitored"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    deploy, pod = owned_pod(kube, monitored)
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        event_about(kube, monitored, pod, "shop-pod.started")
+        event_about(kube, monitored, deploy, "shop.scaled")
+        wait_until(
+            lambda: seen(sink, "Event", "shop-pod.started") and seen(sink, "Event", "shop.scaled"),
+            90, "both Events at the sink",
+        )  # fmt: skip
+    deployment_ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "shop",
+                      "uid": deploy["metadata"]["uid"]}  # fmt: skip
+    (about_pod,) = seen(sink, "Event", "shop-pod.started")
+    assert the_object(about_pod)["rootOwnerReference"] == deployment_ref
+    assert about_pod.resource["k8s.deployment.name"] == "shop"  # the pod's owner chain
+    (about_deployment,) = seen(sink, "Event", "shop.scaled")
+    assert the_object(about_deployment)["rootOwnerReference"] == deployment_ref
+    # Other objects keep their body as it was.
+    assert all("rootOwnerReference" not in the_object(r) for r in sink.logs()
+               if the_object(r).get("kind") != "Event")  # fmt: skip

@@ -195,3 +195,30 @@ def test_each_namespace_heartbeat_pulls_its_lumigoes_and_leaves_with_its_own_tok
 def test_a_heartbeat_interval_that_is_not_a_duration_is_refused(interval: str) -> None:
     with pytest.raises(ValueError, match="invalid heartbeat interval"):
         ProxySettings(heartbeat_interval=interval)
+
+
+def test_events_get_their_root_owner_after_the_pods_owner_chain() -> None:
+    ns = MonitoredNamespace("shop", "uid-1", "t_0123456789abcdef01234")
+    config = build([ns], ProxySettings())
+    processors = config["service"]["pipelines"]["logs/ns-shop"]["processors"]
+    # The pod's UID is copied first, k8s_attributes adds its owners, then the reference is set.
+    order = ["transform/event_pod", "k8s_attributes", "transform/root_owner_reference"]
+    assert [p for p in processors if p in order] == order
+    assert processors.index("transform/root_owner_reference") < processors.index("batch/events")
+    statements = config["processors"]["transform/root_owner_reference"]["log_statements"]
+    kinds = [s.split('"kind": "')[1].split('"')[0] for s in statements[:-1]]
+    assert kinds == [
+        "Pod",
+        "ReplicaSet",
+        "Deployment",
+        "StatefulSet",
+        "DaemonSet",
+        "Job",
+        "CronJob",
+    ]
+    assert all('involvedObject"]["kind"] == "Pod"' in s for s in statements[:-1])
+    itself = statements[-1]
+    for kind in ("Deployment", "StatefulSet", "DaemonSet", "CronJob"):
+        assert f'["kind"] == "{kind}"' in itself
+    assert '"ReplicaSet"' not in itself
+    assert '"Job"' not in itself
