@@ -54,18 +54,79 @@ function quietExportErrors() {
   }
 }
 
+/*
+ * One line on stderr, and the same once to the backend: a span-less heartbeat, one OTLP/HTTP log
+ * record (JSON) to LUMIGO_LOGS_ENDPOINT (the telemetry proxy, which adds the pod and its owners),
+ * so that a process running untraced, and why, is visible without reading its logs. The request
+ * never keeps the process alive (its socket is unref'd) and its failure is ignored.
+ */
+function notActivated(reason) {
+  process.stderr.write('lumigo-injector: node: tracing not activated: ' + reason + '\n');
+  try {
+    reportNotActivated(reason);
+  } catch (error) {
+    debug('could not report the stand-down: ' + (error && error.message));
+  }
+}
+
+function reportNotActivated(reason) {
+  var endpoint = String(process.env.LUMIGO_LOGS_ENDPOINT || '');
+  var token = String(process.env.LUMIGO_TRACER_TOKEN || '').trim();
+  if (endpoint.indexOf('http://') !== 0 || !token) return;
+  function attribute(key, value) {
+    return { key: key, value: { stringValue: String(value) } };
+  }
+  var resource = [
+    attribute('process.runtime.name', 'nodejs'),
+    attribute('process.runtime.version', process.versions.node),
+    attribute('process.pid', process.pid)
+  ];
+  if (process.env.LUMIGO_CONTAINER_NAME) {
+    resource.push(attribute('k8s.container.name', process.env.LUMIGO_CONTAINER_NAME));
+  }
+  var record = {
+    severityNumber: 13,
+    severityText: 'WARN',
+    body: { stringValue: 'tracing not activated: ' + reason },
+    attributes: [
+      attribute('lumigo.injector.runtime', 'node'),
+      attribute('lumigo.injector.reason', reason)
+    ]
+  };
+  var body = JSON.stringify({
+    resourceLogs: [{
+      resource: { attributes: resource },
+      scopeLogs: [{ scope: { name: 'lumigo-injector' }, logRecords: [record] }]
+    }]
+  });
+  var request = require('http').request(endpoint, {
+    method: 'POST',
+    timeout: 2000,
+    headers: {
+      'Content-Type': 'application/json',
+      'Content-Length': Buffer.byteLength(body),
+      Authorization: 'LumigoToken ' + token
+    }
+  });
+  request.on('socket', function (socket) { socket.unref(); });
+  request.on('timeout', function () { request.destroy(); });
+  request.on('error', function (error) { debug('stand-down report failed: ' + error.message); });
+  request.on('response', function (response) { response.resume(); });
+  request.end(body);
+}
+
 (function activate() {
   try {
     var major = parseInt(String(process.versions.node).split('.')[0], 10);
-    if (!(major >= SUPPORTED_MAJORS.min && major <= SUPPORTED_MAJORS.max)) {
-      process.stderr.write(
-        'lumigo-injector: node: tracing not activated: Node.js ' + process.versions.node +
-          ' is not supported (' + SUPPORTED_MAJORS.min + ' to ' + SUPPORTED_MAJORS.max + ')\n'
-      );
-      return;
-    }
     if (!process.env.LUMIGO_TRACER_TOKEN) {
       debug('LUMIGO_TRACER_TOKEN is not set; not tracing');
+      return;
+    }
+    if (!(major >= SUPPORTED_MAJORS.min && major <= SUPPORTED_MAJORS.max)) {
+      notActivated(
+        'Node.js ' + process.versions.node + ' is not supported (' + SUPPORTED_MAJORS.min +
+          ' to ' + SUPPORTED_MAJORS.max + ')'
+      );
       return;
     }
     // Set only while the distro initialises (synchronously, in require), so the application and
@@ -80,8 +141,6 @@ function quietExportErrors() {
     if (!flag('LUMIGO_DEBUG')) quietExportErrors();
     debug('tracing with @lumigo/opentelemetry from ' + __dirname);
   } catch (error) {
-    process.stderr.write(
-      'lumigo-injector: node: tracing not activated: ' + (error && error.message) + '\n'
-    );
+    notActivated(String(error && error.message).split('\n')[0]);
   }
 })();

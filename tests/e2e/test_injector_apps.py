@@ -11,6 +11,7 @@ import glob
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from tests.e2e.injector_helpers import (
     wait_until,
     webhook_env,
 )
+from tests.support.otel import running_sink
 
 INTERPRETERS = python_interpreters()
 # python3 (3.11 here) must always be there; the other minors are tested where installed (pyenv).
@@ -230,3 +232,59 @@ def test_python_stands_down_and_says_so_once(
         reason = "implementation cpython2 is not supported"
     said = f"lumigo-injector: python: tracing not activated: {reason}\n"
     assert with_injector.stderr == said + without.stderr
+
+
+def test_a_python_stand_down_is_reported_once_to_the_proxy_and_never_breaks_the_exit(
+    injector_payload: Path, tmp_path: Path
+) -> None:
+    """The app brings its own OpenTelemetry (this venv has it): besides the stderr line, one OTLP
+    log record goes to LUMIGO_LOGS_ENDPOINT with the token and the reason. The report's thread
+    may still be connecting when a short program exits: 30 immediate exits all exit cleanly."""
+    with running_sink() as sink:
+        env = {**base_env(tmp_path), **webhook_env(injector_payload, sink.url + "/v1/traces", "c")}
+        script = "import time; time.sleep(0.5); print('ran')"
+        ran = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True
+        )
+        assert (ran.returncode, ran.stdout) == (0, "ran\n"), ran.stderr
+        wait_until(sink.logs, timeout=10, what="the stand-down record")
+        (record,) = sink.logs()
+        reason = "the application already has OpenTelemetry"
+        assert record.body == f"tracing not activated: {reason}"
+        assert record.attributes == {"lumigo.injector.runtime": "python",
+                                     "lumigo.injector.reason": reason}  # fmt: skip
+        assert (record.scope, record.authorization) == ("lumigo-injector", f"LumigoToken {TOKEN}")
+        assert record.resource["k8s.container.name"] == "c"
+        exits = {
+            subprocess.run([sys.executable, "-c", "pass"], env=env, capture_output=True).returncode
+            for _ in range(30)
+        }
+        assert exits == {0}
+
+
+def test_a_node_stand_down_is_reported_once_and_never_keeps_the_process_alive(
+    injector_payload: Path, tmp_path: Path
+) -> None:
+    """The bootstrap alone, without the distro next to it (a broken payload): one stderr line,
+    one record at the proxy; with the proxy unreachable the program still exits at once."""
+    bootstrap = tmp_path / "lumigo-bootstrap.js"
+    bootstrap.write_text((injector_payload / "nodejs" / "lumigo-bootstrap.js").read_text())
+    with running_sink() as sink:
+        env = {**base_env(tmp_path), "LUMIGO_TRACER_TOKEN": TOKEN,
+               "LUMIGO_LOGS_ENDPOINT": sink.url + "/v1/logs"}  # fmt: skip
+        program = ["node", "--require", str(bootstrap), "-e", "setTimeout(() => 0, 300)"]
+        ran = subprocess.run(program, env=env, capture_output=True, text=True)
+        assert ran.returncode == 0
+        (line,) = ran.stderr.splitlines()
+        assert line.startswith("lumigo-injector: node: tracing not activated: Cannot find module")
+        wait_until(sink.logs, timeout=10, what="the stand-down record")
+        (record,) = sink.logs()
+        assert record.body == line.removeprefix("lumigo-injector: node: ")
+        assert record.attributes["lumigo.injector.runtime"] == "node"
+        assert record.authorization == f"LumigoToken {TOKEN}"
+    unreachable = {**env, "LUMIGO_LOGS_ENDPOINT": "http://10.255.255.1:4318/v1/logs"}
+    started = time.monotonic()
+    ran = subprocess.run(["node", "--require", str(bootstrap), "-e", "0"], env=unreachable,
+                         capture_output=True, text=True)  # fmt: skip
+    assert ran.returncode == 0
+    assert time.monotonic() - started < 1.5, "the report's request kept the process alive"

@@ -574,9 +574,20 @@ def test_an_incompatible_protobuf_in_the_apps_environment_leaves_it_untraced_and
     )
     obj["spec"]["template"]["spec"]["volumes"] = [{"name": "deps", "emptyDir": {}}]
     pod = run_variant(product, variants_ns, obj)
-    untraced_and_said_once(
-        product, variants_ns, pod, "the application's protobuf 3.20.3 (in /deps) does not satisfy"
-    )
+    reason = "the application's protobuf 3.20.3 (in /deps) does not satisfy"
+    untraced_and_said_once(product, variants_ns, pod, reason)
+    # The same, once, at the backend: a span-less record through the proxy, which adds the pod.
+    name = pod["metadata"]["name"]
+
+    def reported() -> list[LogSeen]:
+        return [r for r in product.sink.logs() if r.scope == "lumigo-injector"
+                and r.resource.get("k8s.pod.name") == name]  # fmt: skip
+
+    (record,) = wait_for(reported, 60, "the stand-down record of the pod")
+    assert record.body.startswith(f"tracing not activated: {reason}")
+    assert record.authorization == f"LumigoToken {TOKEN}"
+    assert record.resource["k8s.deployment.name"] == "old-protobuf"
+    assert record.resource["k8s.container.name"] == "app"
 
 
 def test_a_payload_cut_short_by_a_full_volume_lets_the_pod_start_untraced_and_says_so(

@@ -40,8 +40,77 @@ def _debug(message):
 
 
 def _not_activated(reason):
-    """One line on stderr: the process runs as it would without Lumigo, and says why."""
+    """One line on stderr: the process runs as it would without Lumigo, and says why; and the
+    same, once, to the backend (`_report_not_activated`)."""
     sys.stderr.write("lumigo-injector: python: tracing not activated: %s\n" % reason)
+    try:
+        _report_not_activated(reason)
+    except Exception as error:  # reporting is best effort, never the application's problem
+        _debug("could not report the stand-down: %s" % error)
+
+
+def _report_not_activated(reason):
+    """A span-less heartbeat: one OTLP/HTTP log record (JSON) to LUMIGO_LOGS_ENDPOINT, the
+    telemetry proxy, which adds the pod and its owners, so the backend shows that this process
+    runs untraced and why.
+
+    The request is written by hand on a socket (http:// only, as the proxy is), from a daemon
+    thread with a 2 s timeout: the application never waits for it, imports nothing heavy for
+    it, and a process that exits first simply does not send it. The thread only ever blocks in
+    C calls (name lookup, connect, send), which a finalizing interpreter survives."""
+    endpoint = os.environ.get("LUMIGO_LOGS_ENDPOINT", "")
+    token = os.environ.get("LUMIGO_TRACER_TOKEN", "").strip()
+    if sys.version_info[0] < 3 or not endpoint.startswith("http://") or not token:
+        return
+    hostport, _, path = endpoint[len("http://") :].partition("/")
+    host, _, port = hostport.partition(":")
+    import json
+    import socket
+    import threading
+
+    def attribute(key, value):
+        return {"key": key, "value": {"stringValue": str(value)}}
+
+    version = ".".join(str(part) for part in sys.version_info[:3])
+    resource = [
+        attribute("process.runtime.name", "cpython"),
+        attribute("process.runtime.version", version),
+        attribute("process.pid", os.getpid()),
+    ]
+    container = os.environ.get("LUMIGO_CONTAINER_NAME")
+    if container:
+        resource.append(attribute("k8s.container.name", container))
+    record = {
+        "severityNumber": 13,
+        "severityText": "WARN",
+        "body": {"stringValue": "tracing not activated: %s" % reason},
+        "attributes": [
+            attribute("lumigo.injector.runtime", "python"),
+            attribute("lumigo.injector.reason", reason),
+        ],
+    }
+    scope = {"scope": {"name": "lumigo-injector"}, "logRecords": [record]}
+    payload = {"resourceLogs": [{"resource": {"attributes": resource}, "scopeLogs": [scope]}]}
+    body = json.dumps(payload).encode("utf-8")
+    head = (
+        "POST /%s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        "Authorization: LumigoToken %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        % (path, hostport, token, len(body))
+    )
+    message = head.encode("latin-1") + body
+    address = (host, int(port or 80))
+
+    def send():
+        try:
+            with socket.create_connection(address, timeout=2) as connection:
+                connection.sendall(message)
+                connection.recv(64)  # the status line: the proxy has the record
+        except Exception as error:
+            _debug("stand-down report failed: %s" % error)
+
+    thread = threading.Thread(target=send, name="lumigo-stand-down-report")
+    thread.daemon = True
+    thread.start()
 
 
 class _OneLineFormatter(object):
