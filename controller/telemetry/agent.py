@@ -1,8 +1,10 @@
-"""Runs the cluster agent: a DaemonSet that sends every node's container log files upstream.
+"""Runs the cluster agent: a DaemonSet that sends every node's container log files and kubelet
+metrics upstream.
 
 The operator, not the installer, creates the DaemonSet: an OLM bundle cannot carry one, and this
 way Helm, kustomize and OLM installations get the same agent from the same flags
-(`--cluster-logs`, `--cluster-logs-include`, `--cluster-logs-exclude`). It borrows from the
+(`--cluster-logs*`, `--cluster-metrics*`). It only does so once the token Secret exists (the
+pods could not start without it). It borrows from the
 telemetry proxy's Deployment what an installation already chose there: the collector image and
 pull policy, image pull secrets, the ServiceAccount (whose ClusterRole already lets it read pods
 and their owners), tolerations and node affinity. Both the DaemonSet and its configuration Secret

@@ -1,4 +1,5 @@
-"""The cluster agent's OpenTelemetry Collector configuration: container log files of one node.
+"""The cluster agent's OpenTelemetry Collector configuration: one node's container log files and
+kubelet metrics.
 
 The agent is a DaemonSet (one pod per node, `controller.telemetry.agent`). Each pod reads the
 kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<uid>/<container>/
@@ -13,8 +14,10 @@ kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<ui
 - `k8s_attributes` limited to the node's own pods (each agent watches only them, so the load
   on the API server grows with pods, not with pods times nodes), and a root owner computed from the
   owner chain (the Deployment above a ReplicaSet, the CronJob above a Job);
-- OTLP/HTTP logs upstream with the cluster token, which the pod gets from a Secret through an
-  environment variable: this configuration holds no secret.
+- the node's kubelet metrics (`kubeletstats`: node, pods, containers), with the same enrichment
+  and, with `essential_only`, only the listed metric names (`filter`);
+- OTLP/HTTP logs and metrics upstream with the cluster token, which the pod gets from a Secret
+  through an environment variable: this configuration holds no secret.
 
 Which files are read comes from include/exclude rules of glob patterns (`LogFileRule`); the
 operator's own namespace is always excluded (its logs, the proxy's and the agent's own).
