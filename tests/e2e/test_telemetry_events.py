@@ -334,21 +334,28 @@ def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_tok
 
 
 def owned_pod(kube: KubeClient, namespace: str) -> tuple[JSON, JSON]:
-    """A Deployment, a ReplicaSet it controls and a Pod that ReplicaSet controls (made by hand,
-    as the controllers would): (deployment, pod)."""
+    """A Deployment, a ReplicaSet it controls and a Pod of that ReplicaSet, made by hand (the
+    cluster may run no controllers) so that no controller changes them: (deployment, pod)."""
     deploy = kube.create(DEPLOYMENTS, one_container_deployment("shop", "python:3.12"), namespace)
 
-    def owner(obj: JSON) -> JSON:
+    def owner(obj: JSON, *, controller: bool) -> JSON:
         meta = obj["metadata"]
         return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
-                "uid": meta["uid"], "controller": True}  # fmt: skip
+                "uid": meta["uid"], "controller": controller}  # fmt: skip
 
     replicaset = kube.create(
         REPLICASETS,
         {
             "apiVersion": "apps/v1",
             "kind": "ReplicaSet",
-            "metadata": {"name": "shop-5d8f7c9b4", "ownerReferences": [owner(deploy)]},
+            # Controlled by the Deployment (k8s_attributes follows only that link), with no
+            # replicas: a Deployment controller, where one runs, leaves it as an old ReplicaSet.
+            # (Its labels match the Deployment's selector, or that controller releases it.)
+            "metadata": {
+                "name": "shop-5d8f7c9b4",
+                "labels": {"app": "shop", "hash": "5d8f7c9b4"},
+                "ownerReferences": [owner(deploy, controller=True)],
+            },
             "spec": {
                 "replicas": 0,
                 "selector": {"matchLabels": {"app": "shop", "hash": "5d8f7c9b4"}},
@@ -365,7 +372,13 @@ def owned_pod(kube: KubeClient, namespace: str) -> tuple[JSON, JSON]:
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "shop-5d8f7c9b4-x2x2x", "ownerReferences": [owner(replicaset)]},
+            # Owned but not controlled, and outside its selector: a ReplicaSet controller, where
+            # one runs, neither adopts nor deletes it (k8s_attributes follows any pod owner).
+            "metadata": {
+                "name": "shop-5d8f7c9b4-x2x2x",
+                "labels": {"app": "shop-by-hand"},
+                "ownerReferences": [owner(replicaset, controller=False)],
+            },
             "spec": {"containers": [{"name": "app", "image": "python:3.12"}]},
         },
         namespace,

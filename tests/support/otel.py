@@ -93,6 +93,7 @@ class LogSeen:
     attributes: dict[str, Any]
     scope: str
     authorization: str
+    severity: str = ""
 
 
 @dataclass
@@ -234,6 +235,7 @@ class OTLPSink:
                 attrs(rec.attributes),
                 sl.scope.name,
                 r.headers.get("authorization", ""),
+                rec.severity_text,
             )
             for r in received
             for rl in r.message.resource_logs
