@@ -242,13 +242,26 @@ class Watchdog:
         try:
             with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
                 response.read()
-        except (urllib.error.URLError, OSError) as err:
+        except urllib.error.HTTPError as err:
+            if 400 <= err.code < 500 and err.code not in (408, 429):
+                # Refused for good (e.g. a wrong token): sending them again cannot succeed.
+                log.warning("watchdog records refused by the upstream; dropped",
+                            extra={"status": err.code, "dropped": len(records)})  # fmt: skip
+                self._drop(len(records))
+            else:
+                log.warning("watchdog export failed; records kept for the next pass",
+                            extra={"status": err.code, "pending": len(records)})  # fmt: skip
+            return False
+        except OSError as err:  # URLError too: unreachable, timed out
             log.warning("watchdog export failed; records kept for the next pass",
                         extra={"error": str(err), "pending": len(records)})  # fmt: skip
             return False
-        for _ in records:
-            self._pending.popleft()
+        self._drop(len(records))
         return True
+
+    def _drop(self, count: int) -> None:
+        for _ in range(count):
+            self._pending.popleft()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -257,6 +270,8 @@ class Watchdog:
                 self.flush()
             except ApiError as err:
                 log.warning("watchdog could not read the namespace", extra={"error": str(err)})
+            except Exception:  # a watchdog that crash-loops reports nothing: log, go on
+                log.exception("watchdog pass failed")
             stop.wait(self.settings.interval)
 
     # -- helpers -------------------------------------------------------------------------------

@@ -163,3 +163,18 @@ def test_without_the_token_secret_records_wait_for_it(kube: KubeClient, namespac
         assert dog.flush()
         (record,) = pod_records(sink.logs(), "manager")
         assert record.authorization == f"LumigoToken {TOKEN}"
+
+
+def test_records_the_upstream_refuses_for_good_are_dropped_not_resent(
+    kube: KubeClient, namespace: str
+) -> None:
+    pod(kube, namespace, "manager", "controller-manager")
+    set_status(kube, namespace, "manager", ready=True, restarts=0)
+    with running_sink() as sink:
+        sink.refused_tokens.add(TOKEN)  # 401, as for a wrong token
+        dog = watchdog(kube, namespace, sink.url, [])
+        dog.check()
+        assert not dog.flush()
+        assert sink.refused == 1
+        assert dog.flush(), "nothing pending: the refused records were dropped"
+        assert sink.refused == 1
