@@ -14,7 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api import __version__, constants
-from controller.telemetry.agent_config import ESSENTIAL_METRICS, InvalidLogRuleError, LogFileRule
+from controller.telemetry.agent_config import (
+    ESSENTIAL_METRICS,
+    KUBE_STATE_METRICS_SELECTOR,
+    InvalidLogRuleError,
+    LogFileRule,
+)
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -99,6 +104,7 @@ class RunOptions:
     cluster_metrics_essential_only: bool = False
     cluster_metrics_essential_names: tuple[str, ...] = ESSENTIAL_METRICS
     kubelet_port: int = 10250
+    kube_state_metrics_selector: str = KUBE_STATE_METRICS_SELECTOR
     telemetry_upstream_metrics_endpoint: str = ""
 
 
@@ -290,6 +296,12 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
         help="comma-separated metric names kept by --cluster-metrics-essential-only",
     )
     a("--kubelet-port", type=int, default=d.kubelet_port, help="the kubelets' API port")
+    a(
+        "--kube-state-metrics-selector",
+        default=_env("LUMIGO_KUBE_STATE_METRICS_SELECTOR", d.kube_state_metrics_selector),
+        help="label selector of the kube-state-metrics pods each node's agent scrapes on its node"
+        " ('' = none) [LUMIGO_KUBE_STATE_METRICS_SELECTOR]",
+    )
     a(
         "--telemetry-upstream-metrics-endpoint",
         default=_env("LUMIGO_METRICS_ENDPOINT", d.telemetry_upstream_metrics_endpoint),

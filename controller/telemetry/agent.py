@@ -29,6 +29,7 @@ from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.runtime.singlekey import single_key_controller
 from controller.telemetry.agent_config import (
+    HOST_ROOT_MOUNT,
     NODE_IP_ENV,
     NODE_NAME_ENV,
     POD_LOGS_MOUNT,
@@ -141,7 +142,9 @@ class ClusterAgentReconciler:
         digest = config_hash(text)
         owner = owner_reference(proxy)
         self.client.apply(SECRETS, self._secret(text, digest, owner), FIELD_MANAGER, t.namespace)
-        daemonset = agent_daemonset(t, proxy, digest, logs=self.settings.logs)
+        daemonset = agent_daemonset(
+            t, proxy, digest, logs=self.settings.logs, metrics=self.settings.metrics.enabled
+        )
         self.client.apply(DAEMONSETS, daemonset, FIELD_MANAGER, t.namespace)
 
     def _secret(self, text: str, digest: str, owner: JSON) -> JSON:
@@ -172,9 +175,12 @@ class ClusterAgentReconciler:
         self._removed = True
 
 
-def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str, *, logs: bool = True) -> JSON:
+def agent_daemonset(
+    t: AgentTarget, proxy: JSON, config_digest: str, *, logs: bool = True, metrics: bool = False
+) -> JSON:
     """The DaemonSet, with the image, pull secrets, ServiceAccount and scheduling of `proxy`;
-    the node's log directory and the agent's state are mounted only when it reads log files."""
+    the node's log directory is mounted only when it reads log files, the node's /proc and /sys
+    (read-only) only when it sends node metrics."""
     pod = ((proxy.get("spec") or {}).get("template") or {}).get("spec") or {}
     containers = pod.get("containers") or [{}]
     collector = next((c for c in containers if c.get("name") == "otelcol"), containers[0])
@@ -257,6 +263,14 @@ def agent_daemonset(t: AgentTarget, proxy: JSON, config_digest: str, *, logs: bo
             m for m in container["volumeMounts"] if m["name"] != "pod-logs"
         ]
         pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != "pod-logs"]
+    if metrics:
+        for name in ("proc", "sys"):
+            pod_spec["containers"][0]["volumeMounts"].append(
+                {"name": f"host-{name}", "mountPath": f"{HOST_ROOT_MOUNT}/{name}", "readOnly": True}
+            )
+            pod_spec["volumes"].append(
+                {"name": f"host-{name}", "hostPath": {"path": f"/{name}", "type": "Directory"}}
+            )
     for key in ("imagePullSecrets", "tolerations", "affinity", "priorityClassName"):
         if pod.get(key):
             pod_spec[key] = pod[key]

@@ -14,8 +14,12 @@ kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<ui
 - `k8s_attributes` limited to the node's own pods (each agent watches only them, so the load
   on the API server grows with pods, not with pods times nodes), and a root owner computed from the
   owner chain (the Deployment above a ReplicaSet, the CronJob above a Job);
-- the node's kubelet metrics (`kubeletstats`: node, pods, containers), with the same enrichment
-  and, with `essential_only`, only the listed metric names (`filter`);
+- the node's kubelet metrics (`kubeletstats`: node, pods, containers), with the same enrichment;
+  the kubelet's cAdvisor endpoint and the node's own figures (`hostmetrics` over the host's
+  `/proc` and `/sys`: CPU, memory, load, disks, paging, processes), labelled with the node; and
+  the kube-state-metrics pods **running on this node** (`prometheus` with Kubernetes discovery
+  limited to the node), so each shard is scraped by exactly one agent and no collector scrapes the
+  whole cluster; with `essential_only`, only the listed metric names (`filter`);
 - OTLP/HTTP logs and metrics upstream with the cluster token, which the pod gets from a Secret
   through an environment variable: this configuration holds no secret.
 
@@ -70,8 +74,27 @@ ESSENTIAL_METRICS = (
     "k8s.pod.network.io",
     "container.cpu.usage",
     "container.memory.working_set",
+    # cAdvisor (the kubelet's /metrics/cadvisor)
+    "container_cpu_usage_seconds_total",
+    "container_memory_working_set_bytes",
+    # the node (hostmetrics)
+    "system.cpu.load_average.1m",
+    "system.memory.usage",
+    # the cluster's objects (kube-state-metrics)
+    "kube_pod_status_phase",
+    "kube_pod_container_status_restarts_total",
+    "kube_deployment_spec_replicas",
+    "kube_deployment_status_replicas_available",
+    "kube_node_status_condition",
 )
 NODE_IP_ENV = "K8S_NODE_IP"
+# Where the DaemonSet mounts the node's /proc and /sys (hostmetrics' root_path).
+HOST_ROOT_MOUNT = "/hostfs"
+# The kube-state-metrics pods every agent looks for on its node, and their metrics port's name.
+KUBE_STATE_METRICS_SELECTOR = "app.kubernetes.io/name=kube-state-metrics"
+KUBE_STATE_METRICS_PORT = "http-metrics"
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+_SELECTOR = re.compile(r"^[A-Za-z0-9./_=,!-]{0,316}$")
 _METRIC_NAME = re.compile(r"^[a-z][a-z0-9_.]{0,199}$")
 # A glob over Kubernetes names: the characters of a name plus `*` and `?`. Nothing else may reach
 # a path pattern (no `/`, no `_`, which separates the parts of a pod's log directory, no `{`).
@@ -139,6 +162,8 @@ class MetricsSettings:
     essential: tuple[str, ...] = ESSENTIAL_METRICS
     kubelet_port: int = 10250
     upstream_endpoint: str = ""  # '' = the proxy settings' upstream endpoint
+    # The label selector of the kube-state-metrics pods to scrape on each node ('' = none).
+    kube_state_metrics_selector: str = KUBE_STATE_METRICS_SELECTOR
 
     def __post_init__(self) -> None:
         if not DURATION.match(self.interval):
@@ -151,6 +176,11 @@ class MetricsSettings:
                                  "k8s.pod.cpu.usage")  # fmt: skip
         if not 0 < self.kubelet_port < 65536:
             raise ValueError(f"invalid kubelet port {self.kubelet_port}")
+        if not _SELECTOR.match(self.kube_state_metrics_selector):
+            raise ValueError(
+                f"invalid kube-state-metrics selector {self.kube_state_metrics_selector!r}: "
+                "expected a label selector such as app.kubernetes.io/name=kube-state-metrics"
+            )
 
 
 @dataclass(frozen=True)
@@ -172,6 +202,7 @@ class AgentSettings:
     # collector run on a host, as the bench does, reads the host's directories).
     pods_dir: str = POD_LOGS_MOUNT
     state_dir: str = STATE_MOUNT
+    host_root: str = HOST_ROOT_MOUNT  # '' = this machine's own /proc and /sys
 
 
 def render_agent(settings: AgentSettings) -> str:
@@ -244,39 +275,119 @@ def build_agent(s: AgentSettings) -> JSON:
         }
     m = s.metrics
     if m.enabled:
-        config["receivers"]["kubeletstats"] = {
-            # A collector run outside a cluster (tests, the bench) reaches a kubelet without a
-            # ServiceAccount token.
-            "auth_type": "serviceAccount" if s.proxy.kube_auth == "serviceAccount" else "none",
-            "collection_interval": m.interval,
-            # Kubelets serve self-signed certificates on most clusters.
-            "insecure_skip_verify": True,
-            "metric_groups": ["node", "pod", "container"],
-        }
-        exporter["metrics_endpoint"] = metrics_url(m.upstream_endpoint or s.proxy.upstream_endpoint)
-        metric_processors = list(processors)
-        if m.essential_only:
-            names = " or ".join(f'name == "{n}"' for n in m.essential)
-            config["processors"]["filter/essential"] = {
-                "error_mode": "ignore",
-                "metrics": {"metric": [f"not ({names})"]},
-            }
-            metric_processors.insert(0, "filter/essential")
-        config["service"]["pipelines"]["metrics/kubelet"] = {
-            "receivers": ["kubeletstats"],
-            "processors": metric_processors,
-            "exporters": ["otlp_http/lumigo"],
-        }
+        _add_metrics(config, s, processors)
     escaped: JSON = escape_expansion(config)
     # The expansions the agent uses, added after escaping: its node and token from its env.
     escaped["exporters"]["otlp_http/lumigo"]["headers"] = {
         "Authorization": f"LumigoToken ${{env:{TOKEN_ENV}}}"
     }
     if m.enabled:
-        escaped["receivers"]["kubeletstats"]["endpoint"] = (
-            f"https://${{env:{NODE_IP_ENV}}}:{m.kubelet_port}"
-        )
+        kubelet = f"${{env:{NODE_IP_ENV}}}:{m.kubelet_port}"
+        receivers = escaped["receivers"]
+        receivers["kubeletstats"]["endpoint"] = f"https://{kubelet}"
+        cadvisor = receivers["prometheus/kubelet"]["config"]["scrape_configs"][0]
+        cadvisor["static_configs"] = [{"targets": [kubelet]}]
+        escaped["processors"]["resource/node"]["attributes"] = [
+            {"key": "k8s.node.name", "value": f"${{env:{NODE_NAME_ENV}}}", "action": "upsert"}
+        ]
+        if m.kube_state_metrics_selector:
+            ksm = receivers["prometheus/kube-state-metrics"]["config"]["scrape_configs"][0]
+            ksm["kubernetes_sd_configs"][0]["selectors"][0]["field"] = (
+                f"spec.nodeName=${{env:{NODE_NAME_ENV}}}"
+            )
     return escaped
+
+
+def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
+    """Four metric sources, in three pipelines: the kubelet's summary (per pod and container,
+    enriched with owners like the logs), the node (hostmetrics and the kubelet's cAdvisor
+    endpoint, labelled with the node) and the cluster's objects (the kube-state-metrics shards
+    on this node; their series name the objects themselves, so no pod enrichment)."""
+    m = s.metrics
+    in_cluster = s.proxy.kube_auth == "serviceAccount"
+    receivers, processors = config["receivers"], config["processors"]
+    receivers["kubeletstats"] = {
+        # A collector run outside a cluster (tests, the bench) reaches a kubelet without a
+        # ServiceAccount token.
+        "auth_type": "serviceAccount" if in_cluster else "none",
+        "collection_interval": m.interval,
+        # Kubelets serve self-signed certificates on most clusters.
+        "insecure_skip_verify": True,
+        "metric_groups": ["node", "pod", "container"],
+    }
+    host: JSON = {
+        "collection_interval": m.interval,
+        "scrapers": {name: {} for name in ("cpu", "memory", "load", "disk", "paging", "processes")},
+    }
+    if s.host_root:
+        host["root_path"] = s.host_root
+    receivers["hostmetrics"] = host
+    cadvisor: JSON = {
+        "job_name": "kubelet-cadvisor",
+        "scheme": "https",
+        "metrics_path": "/metrics/cadvisor",
+        "scrape_interval": m.interval,
+        "tls_config": {"insecure_skip_verify": True},
+    }
+    if in_cluster:
+        cadvisor["authorization"] = {"credentials_file": SERVICE_ACCOUNT_TOKEN}
+    receivers["prometheus/kubelet"] = {"config": {"scrape_configs": [cadvisor]}}
+    processors["resource/node"] = {"attributes": []}
+    exporter = config["exporters"]["otlp_http/lumigo"]
+    exporter["metrics_endpoint"] = metrics_url(m.upstream_endpoint or s.proxy.upstream_endpoint)
+    head: list[str] = []
+    if m.essential_only:
+        names = " or ".join(f'name == "{n}"' for n in m.essential)
+        processors["filter/essential"] = {
+            "error_mode": "ignore",
+            "metrics": {"metric": [f"not ({names})"]},
+        }
+        head = ["filter/essential"]
+    tail = [p for p in enrich if p in ("resource/lumigo", "batch")]
+    pipelines = config["service"]["pipelines"]
+    pipelines["metrics/kubelet"] = {
+        "receivers": ["kubeletstats"],
+        "processors": head + enrich,
+        "exporters": ["otlp_http/lumigo"],
+    }
+    pipelines["metrics/node"] = {
+        "receivers": ["hostmetrics", "prometheus/kubelet"],
+        "processors": [*head, "resource/node", *tail],
+        "exporters": ["otlp_http/lumigo"],
+    }
+    if m.kube_state_metrics_selector:
+        receivers["prometheus/kube-state-metrics"] = {
+            "config": {"scrape_configs": [_kube_state_metrics(m)]}
+        }
+        pipelines["metrics/cluster"] = {
+            "receivers": ["prometheus/kube-state-metrics"],
+            "processors": head + tail,
+            "exporters": ["otlp_http/lumigo"],
+        }
+
+
+def _kube_state_metrics(m: MetricsSettings) -> JSON:
+    """The scrape of the kube-state-metrics pods on this agent's node (the field selector, which
+    names the node, is added after escaping)."""
+    return {
+        "job_name": "kube-state-metrics",
+        "scrape_interval": m.interval,
+        # Its series carry `namespace`, `pod`, ... labels of their own: keep them as they are.
+        "honor_labels": True,
+        "kubernetes_sd_configs": [
+            {
+                "role": "pod",
+                "selectors": [{"role": "pod", "label": m.kube_state_metrics_selector}],
+            }
+        ],
+        "relabel_configs": [
+            {
+                "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                "regex": KUBE_STATE_METRICS_PORT,
+                "action": "keep",
+            }
+        ],
+    }
 
 
 def metrics_url(endpoint: str) -> str:

@@ -136,6 +136,12 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
                 "kubeletPort": 10255,
             },
         },
+        "kubeStateMetrics": {
+            "replicas": 3,
+            "image": {"repository": "registry.example.com/ksm", "tag": "v2.18.0-x"},
+            "collectors": ["pods", "deployments"],
+            "tolerations": [{"key": "infra", "operator": "Exists"}],
+        },
         "watchdog": {
             "otelCollector": {"internalMetricsFrequency": "1m"},
             "watchers": {"top": {"frequency": "30s"}},
@@ -145,6 +151,21 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
         "monitoredNamespaces": [{"namespace": monitored_namespace, "loggingEnabled": True}],
         "uninstallHook": {"timeout": "300s"},
     }
+
+
+def test_kube_state_metrics_brought_by_the_user_or_none() -> None:
+    """`install: false` scrapes the user's own kube-state-metrics pods (by `selector`); without
+    cluster metrics no kube-state-metrics is deployed at all."""
+    values = {"kubeStateMetrics": {"install": False, "selector": "app=my-ksm"}}
+    docs = load_docs(render_chart("lumigo", "observability", values))
+    assert not [d for d in docs if d["kind"] == "StatefulSet"]
+    args = manager_container(find(docs, "Deployment", "lumigo-lumigo-operator-controller-manager"))[
+        "args"
+    ]
+    assert "--kube-state-metrics-selector=app=my-ksm" in args
+    off = {"clusterCollection": {"metrics": {"enabled": False}}}
+    docs = load_docs(render_chart("lumigo", "observability", off))
+    assert not [d for d in docs if "kube-state-metrics" in d["metadata"]["name"]]
 
 
 def manager_container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -273,7 +294,7 @@ def test_non_default_values_are_rendered() -> None:
         assert arg in container["args"]
     assert "--revert" not in container["args"]
     # The telemetry proxy: where the operator finds it, where it sends, what it is called.
-    assert container["args"][-20:] == [
+    assert container["args"][-21:] == [
         "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
         "--telemetry-proxy-config-secret=acme-tracing-telemetry-proxy-config",
         "--telemetry-upstream-endpoint=https://otlp.example.com",
@@ -291,11 +312,28 @@ def test_non_default_values_are_rendered() -> None:
         "--cluster-metrics-essential-only",
         "--cluster-metrics-essential-names=k8s.pod.cpu.usage,k8s.node.cpu.usage",
         "--kubelet-port=10255",
+        # The chart's own kube-state-metrics (install: true), not any other in the cluster.
+        "--kube-state-metrics-selector=app.kubernetes.io/name=kube-state-metrics,"
+        "app.kubernetes.io/instance=lumigo",
         "--telemetry-upstream-metrics-endpoint=https://metrics.example.com",
         "--cluster-agent-daemonset=acme-tracing-cluster-agent",
         "--cluster-token-secret=my-lumigo-token",
         "--cluster-token-key=lumigo",
     ]
+    # kube-state-metrics: its shards, image, kinds and scheduling; pods the selector above finds.
+    ksm = find(docs, "StatefulSet", "acme-tracing-kube-state-metrics")
+    assert ksm["spec"]["replicas"] == 3
+    ksm_pod = ksm["spec"]["template"]
+    assert ksm_pod["metadata"]["labels"]["app.kubernetes.io/name"] == "kube-state-metrics"
+    assert ksm_pod["metadata"]["labels"]["app.kubernetes.io/instance"] == "lumigo"
+    assert ksm_pod["spec"]["tolerations"] == [{"key": "infra", "operator": "Exists"}]
+    (ksm_container,) = ksm_pod["spec"]["containers"]
+    assert ksm_container["image"] == "registry.example.com/ksm:v2.18.0-x"
+    assert "--resources=pods,deployments" in ksm_container["args"]
+    assert {p["name"] for p in ksm_container["ports"]} >= {"http-metrics"}
+    (ksm_rules,) = [d["rules"] for d in docs if d["kind"] == "ClusterRole"
+                    and d["metadata"]["name"] == "acme-tracing-kube-state-metrics"]  # fmt: skip
+    assert {verb for rule in ksm_rules for verb in rule["verbs"]} == {"list", "watch"}
     # The watchdog: its frequencies, endpoint, token Secret and resources.
     watchdog = find(docs, "Deployment", "acme-tracing-watchdog")
     (dog,) = watchdog["spec"]["template"]["spec"]["containers"]
@@ -398,14 +436,23 @@ def test_token_appears_only_in_its_secret(cluster: LocalCluster, tmp_path: Path)
 
 
 def _method_aside(pod: dict[str, Any]) -> dict[str, Any]:
-    """The pod with the manager's --deployment-method checked and removed: the one flag whose
-    value differs (Helm in the chart, Kustomize in config/)."""
+    """The pod with the manager's flags that differ by install method checked and removed:
+    --deployment-method (Helm in the chart, Kustomize in config/) and
+    --kube-state-metrics-selector (the chart's own kube-state-metrics; any in config/, which
+    deploys none)."""
+    selectors = {
+        "--kube-state-metrics-selector=app.kubernetes.io/name=kube-state-metrics,"
+        "app.kubernetes.io/instance=lumigo",
+        "--kube-state-metrics-selector=app.kubernetes.io/name=kube-state-metrics",
+    }
     out = copy.deepcopy(pod)
     for container in out["containers"]:
         methods = [a for a in container.get("args", []) if a.startswith("--deployment-method=")]
+        ksm = [a for a in container.get("args", []) if a.startswith("--kube-state-metrics-")]
         if container["name"] == "manager":
             assert methods in (["--deployment-method=Helm"], ["--deployment-method=Kustomize"])
-        container["args"] = [a for a in container.get("args", []) if a not in methods]
+            assert len(ksm) == 1 and ksm[0] in selectors, ksm
+        container["args"] = [a for a in container.get("args", []) if a not in methods + ksm]
     return out
 
 

@@ -39,6 +39,7 @@ IMAGES = (
     "operator",
     "autotrace",
     "telemetry-proxy",
+    "kube-state-metrics",
     "python-app",
     "node-app",
     "jvm-app",
@@ -116,6 +117,7 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
         ("controllerManager.manager.image", "operator"),
         ("injectorWebhook.lumigoInjector.image", "autotrace"),
         ("telemetryProxy.image", "telemetry-proxy"),
+        ("kubeStateMetrics.image", "kube-state-metrics"),
     ):
         repository, tag = split_ref(images[name])
         flags += ["--set", f"{key}.repository={repository}", "--set", f"{key}.tag={tag}"]
@@ -126,6 +128,8 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
     flags += ["--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs"]
     flags += ["--set", f"endpoint.otlp.metrics_url={sink_url}/v1/metrics"]
     flags += ["--set", f"cluster.name={CLUSTER_NAME}"]
+    # kube-state-metrics only where a test turns it on (the cluster-collection test).
+    flags += ["--set", "kubeStateMetrics.install=false"]
     # The namespace heartbeat every 20 s instead of hourly, so that tests see several.
     flags += ["--set", f"telemetryProxy.heartbeatInterval={HEARTBEAT_INTERVAL}"]
     return flags

@@ -7,9 +7,10 @@ multi-line block, and a line longer than the runtime's 16 KiB split) while the a
 restarted: each numbered line must arrive exactly once. A sidecar container, a namespace excluded
 by pattern and the operator's own namespace send nothing.
 
-Node metrics (item 2, the kubelet part), on by default: the same agent scrapes its node's
-kubelet; the app's pod and container series arrive enriched, and `essentialOnly` keeps only the
-listed names.
+Node and cluster metrics (item 2), on by default: the same agent scrapes its node's kubelet
+(summary and cAdvisor), the node itself (hostmetrics) and the chart's kube-state-metrics shard on
+its node; the app's pod and container series arrive enriched, kube-state-metrics' and cAdvisor's
+series of the app's pod arrive with the token, and `essentialOnly` keeps only the listed names.
 
 The watchdog (item 4), on by default: installed before its token Secret existed, it reports
 once the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
@@ -47,7 +48,8 @@ TOKEN = f"t_{uuid.uuid4().hex[:21]}"
 APP_NS, EXCLUDED_NS = "logs-app", "logs-excluded"
 STATE_DIR = Path("/var/lib/lumigo-operator/cluster-agent")  # the chart's default, on the node
 LINES = 600  # at 20 per second: 30 s of writing, across the agent's restart
-ESSENTIAL = ("k8s.pod.cpu.usage", "k8s.node.cpu.usage")  # essentialOnly's list in the test
+# essentialOnly's list in the test: one name from the kubelet, one from kube-state-metrics
+ESSENTIAL = ("k8s.pod.cpu.usage", "k8s.node.cpu.usage", "kube_pod_status_phase")
 LONG = 20_000  # characters: containerd writes it as a partial record, then the rest
 # The app: a multi-line block (continuation lines indented), a long line, numbered lines, then
 # it idles. `TAG` makes every line of this run unique.
@@ -88,6 +90,7 @@ def enable_cluster_logs(product: Product) -> None:
         # Node metrics are on by default; this node's kubelet listens on a port of its own.
         "--set", f"clusterCollection.metrics.kubeletPort={product.node.kubelet_port}",
         "--set", "clusterCollection.metrics.frequency=5s",
+        "--set", "kubeStateMetrics.install=true",
     )  # fmt: skip
 
 
@@ -213,6 +216,23 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     everything = {m.name for m in product.sink.metrics()}
     assert len(everything) > 2, everything
 
+    # kube-state-metrics (the chart's shard, scraped by the agent of its node) and cAdvisor: the
+    # app's pod by its `pod` label; the node's own figures with the node's name.
+    def about_writer(name: str) -> list[MetricSeen]:
+        return [m for m in product.sink.metrics() if m.name == name
+                and any(p.get("pod") == pod["metadata"]["name"] for p in m.points)]  # fmt: skip
+
+    cluster_series = ("kube_pod_status_phase", "container_cpu_usage_seconds_total")
+    wait_for(lambda: all(about_writer(name) for name in cluster_series), 180,
+             "kube-state-metrics' and cAdvisor's series of the app's pod")  # fmt: skip
+    for metric in [m for name in cluster_series for m in about_writer(name)]:
+        assert metric.authorization == f"LumigoToken {TOKEN}"
+        assert metric.resource["k8s.cluster.name"], metric.resource
+    wait_for(lambda: [m for m in product.sink.metrics() if m.name == "system.memory.usage"],
+             60, "the node's own metrics (hostmetrics)")  # fmt: skip
+    host = [m for m in product.sink.metrics() if m.name.startswith("system.")]
+    assert {m.resource.get("k8s.node.name") for m in host} == {product.node.name}
+
     # essentialOnly: after the agents roll, only the listed names arrive.
     before = {p["metadata"]["uid"] for p in agent_pods(product)}
     product.release.helm(
@@ -226,7 +246,8 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     )  # fmt: skip
     started = rolled["status"]["startTime"]
     seen = len(product.sink.requests)
-    wait_for(lambda: any(m.name == "k8s.pod.cpu.usage" for m in product.sink.metrics(since=seen)),
+    wait_for(lambda: {"k8s.pod.cpu.usage", "kube_pod_status_phase"}
+             <= {m.name for m in product.sink.metrics(since=seen)},
              120, "essential metrics after the change")  # fmt: skip
     names = {m.name for m in product.sink.metrics(since=seen)}
     assert names <= set(ESSENTIAL), (started, names)
@@ -247,6 +268,10 @@ def test_turning_cluster_collection_off_removes_the_agent(product: Product) -> N
     assert not product.kubectl(
         "get", "secret", f"{name}-config", "-n", OPERATOR_NS, "--ignore-not-found"
     ).strip()
+    assert not product.kubectl(
+        "get", "statefulset", f"{product.release.fullname}-kube-state-metrics", "-n",
+        OPERATOR_NS, "--ignore-not-found",
+    ).strip(), "kube-state-metrics outlived cluster metrics"
 
 
 def watchdog_pods(product: Product, component: str) -> list[JSON]:

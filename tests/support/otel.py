@@ -101,6 +101,7 @@ class MetricSeen:
     resource: dict[str, Any]
     name: str
     authorization: str
+    points: list[dict[str, Any]] = field(default_factory=list)  # each data point's attributes
 
 
 @dataclass
@@ -249,12 +250,20 @@ class OTLPSink:
             received = [r for r in self.requests[since:] if r.path == "/v1/metrics"]
         return [
             MetricSeen(attrs(rm.resource.attributes), metric.name,
-                       r.headers.get("authorization", ""))
+                       r.headers.get("authorization", ""), point_attributes(metric))
             for r in received
             for rm in r.message.resource_metrics
             for sm in rm.scope_metrics
             for metric in sm.metrics
         ]  # fmt: skip
+
+
+def point_attributes(metric: Any) -> list[dict[str, Any]]:
+    """The attributes of each data point of an OTLP metric, whatever its kind."""
+    kind = metric.WhichOneof("data")
+    if kind is None:
+        return []
+    return [attrs(point.attributes) for point in getattr(metric, kind).data_points]
 
 
 @contextlib.contextmanager

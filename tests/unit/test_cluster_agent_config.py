@@ -141,7 +141,8 @@ def test_kubelet_metrics_have_a_pipeline_of_their_own_with_the_same_enrichment()
     proxy = ProxySettings(upstream_endpoint="https://t.example")
     config = build_agent(AgentSettings("ops", logs=False, metrics=MetricsSettings(enabled=True),
                                        proxy=proxy))  # fmt: skip
-    assert set(config["service"]["pipelines"]) == {"metrics/kubelet"}
+    assert set(config["service"]["pipelines"]) == {"metrics/kubelet", "metrics/node",
+                                                   "metrics/cluster"}  # fmt: skip
     assert "filelog" not in config["receivers"]
     pipeline = config["service"]["pipelines"]["metrics/kubelet"]
     assert pipeline["processors"][:2] == ["k8s_attributes", "transform/root_owner"]
@@ -153,6 +154,42 @@ def test_kubelet_metrics_have_a_pipeline_of_their_own_with_the_same_enrichment()
     assert "logs_endpoint" not in exporter
 
 
+def test_node_and_cluster_metrics_come_from_this_node_only() -> None:
+    config = build_agent(AgentSettings("ops", logs=False, metrics=MetricsSettings(enabled=True)))
+    pipelines, receivers = config["service"]["pipelines"], config["receivers"]
+    # The node: hostmetrics over the host's /proc and /sys, cAdvisor of its own kubelet, both
+    # labelled with the node's name (the pod enrichment would not apply).
+    assert pipelines["metrics/node"]["receivers"] == ["hostmetrics", "prometheus/kubelet"]
+    assert pipelines["metrics/node"]["processors"][0] == "resource/node"
+    assert config["processors"]["resource/node"]["attributes"] == [
+        {"key": "k8s.node.name", "value": "${env:K8S_NODE_NAME}", "action": "upsert"}
+    ]
+    assert receivers["hostmetrics"]["root_path"] == "/hostfs"
+    (cadvisor,) = receivers["prometheus/kubelet"]["config"]["scrape_configs"]
+    assert cadvisor["metrics_path"] == "/metrics/cadvisor"
+    assert cadvisor["static_configs"] == [{"targets": ["${env:K8S_NODE_IP}:10250"]}]
+    assert cadvisor["authorization"]["credentials_file"].endswith("serviceaccount/token")
+    # kube-state-metrics: only the shards on this node (each scraped by one agent), its
+    # metrics port only, its own labels kept, no pod enrichment.
+    (ksm,) = receivers["prometheus/kube-state-metrics"]["config"]["scrape_configs"]
+    (discovery,) = ksm["kubernetes_sd_configs"]
+    assert discovery["selectors"] == [{
+        "role": "pod", "label": "app.kubernetes.io/name=kube-state-metrics",
+        "field": "spec.nodeName=${env:K8S_NODE_NAME}",
+    }]  # fmt: skip
+    assert ksm["relabel_configs"][0]["regex"] == "http-metrics"
+    assert ksm["honor_labels"] is True
+    assert "k8s_attributes" not in pipelines["metrics/cluster"]["processors"]
+
+
+def test_no_kube_state_metrics_selector_means_no_cluster_scrape() -> None:
+    metrics = MetricsSettings(enabled=True, kube_state_metrics_selector="")
+    config = build_agent(AgentSettings("ops", metrics=metrics, host_root=""))
+    assert "metrics/cluster" not in config["service"]["pipelines"]
+    assert "prometheus/kube-state-metrics" not in config["receivers"]
+    assert "root_path" not in config["receivers"]["hostmetrics"]
+
+
 def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
     metrics = MetricsSettings(enabled=True, essential_only=True, essential=("a.b", "c.d"),
                               upstream_endpoint="https://m.example/otlp/v1/metrics")  # fmt: skip
@@ -160,7 +197,8 @@ def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
     assert config["processors"]["filter/essential"]["metrics"]["metric"] == [
         'not (name == "a.b" or name == "c.d")'
     ]
-    assert config["service"]["pipelines"]["metrics/kubelet"]["processors"][0] == "filter/essential"
+    for pipeline in ("metrics/kubelet", "metrics/node", "metrics/cluster"):
+        assert config["service"]["pipelines"][pipeline]["processors"][0] == "filter/essential"
     assert (
         "filter/essential"
         not in config["service"]["pipelines"]["logs/container-files"]["processors"]
@@ -175,6 +213,7 @@ def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
         ("interval", "15", "invalid metrics frequency"),
         ("essential", ('a") or true or ("',), "invalid essential metric name"),
         ("kubelet_port", 0, "invalid kubelet port"),
+        ("kube_state_metrics_selector", "a=b\n  x: y", "invalid kube-state-metrics selector"),
     ],
 )
 def test_bad_metrics_settings_are_refused(field: str, value: object, message: str) -> None:
