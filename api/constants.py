@@ -28,6 +28,9 @@ LABEL_AUTO_TRACE: Final = "lumigo.auto-trace"
 # On namespaces with an active Lumigo, maintained by the operator: the injector webhook's
 # namespaceSelector requires it, so the API server calls it nowhere else.
 LABEL_MONITORED: Final = "operator.lumigo.io/monitored"
+# On Nodes that have a spec.providerID, maintained by the operator: the collectors read it as
+# `k8s.provider.id` (their Kubernetes processor reads a Node's annotations, not its spec).
+ANNOTATION_PROVIDER_ID: Final = "operator.lumigo.io/provider-id"
 AUTO_TRACE_VERSION_PREFIX: Final = "lumigo-operator.v"
 AUTO_TRACE_FALSE: Final = "false"
 AUTO_TRACE_TRUE: Final = "true"

@@ -1,5 +1,7 @@
-"""Node metrics on the real node: series per node with `essentialOnly` off and on, and the
-collectors' memory as the kubelet itself reports it. Printed, never asserted.
+"""Node and cluster metrics on the real node: series per node with `essentialOnly` off and on, by
+source (the kubelet's summary, its cAdvisor endpoint, the node's hostmetrics, kube-state-metrics),
+and the collectors' and kube-state-metrics' memory as the kubelet itself reports it. Printed,
+never asserted.
 
 Installs the chart with the images built here (tests/node/product.py: its own cluster, a real
 node, an OTLP sink on the node's bridge address) with a token, so the cluster agent runs and
@@ -49,8 +51,16 @@ def agent_pod(product: Product) -> JSON | None:
     return ready[0] if len(mine) == 1 and ready else None
 
 
+def source_of(name: str, resource: JSON) -> str:
+    """Which receiver sent a series: the Prometheus scrapes name their job in service.name."""
+    if resource.get("service.name") in ("kube-state-metrics", "kubelet-cadvisor"):
+        return str(resource["service.name"])
+    return "hostmetrics" if name.startswith("system.") else "kubeletstats"
+
+
 def series_since(product: Product, index: int) -> tuple[set[tuple[Any, ...]], set[str], JSON]:
-    """Distinct series, metric names and the last memory working set per collector pod."""
+    """Distinct series (by source first), metric names and the last memory working set per
+    pod of the operator's namespace."""
     series: set[tuple[Any, ...]] = set()
     names: set[str] = set()
     memory: JSON = {}
@@ -68,7 +78,7 @@ def series_since(product: Product, index: int) -> tuple[set[tuple[Any, ...]], se
                         labels = tuple(
                             sorted((k, str(v)) for k, v in attrs(point.attributes).items())
                         )
-                        series.add((metric.name, key, labels))
+                        series.add((source_of(metric.name, resource), metric.name, key, labels))
                         if (
                             metric.name == "container.memory.working_set"
                             and resource.get("k8s.namespace.name") == OPERATOR_NS
@@ -95,6 +105,10 @@ def measure(product: Product, values: list[str], window: float) -> JSON:
     return {
         "agent_pod": pod["metadata"]["name"],
         "series_per_node": len(series),
+        "series_by_source": {
+            source: sum(1 for s in series if s[0] == source)
+            for source in sorted({s[0] for s in series})
+        },
         "metric_names": len(names),
         "names": sorted(names),
         "collector_working_set_mib": memory,
@@ -118,6 +132,7 @@ def main() -> int:
             "--set", f"lumigoToken.value={TOKEN}",
             "--set", f"clusterCollection.metrics.kubeletPort={product.node.kubelet_port}",
             "--set", f"clusterCollection.metrics.frequency={FREQUENCY:.0f}s",
+            "--set", "kubeStateMetrics.install=true",
         ]  # fmt: skip
         window = FREQUENCY + 1
         results["all"] = measure(product, common, window)

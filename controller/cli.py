@@ -99,6 +99,8 @@ def _uninstall(args: argparse.Namespace) -> int:
     from controller.lumigo.uninstall import uninstall  # noqa: PLC0415
     from controller.runtime.events import EventRecorder  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
+    from controller.runtime.resources import ApiError  # noqa: PLC0415
+    from controller.telemetry.provider_id import remove_annotations  # noqa: PLC0415
     from webhook.events import UNINSTALL_COMPONENT  # noqa: PLC0415
 
     client = KubeClient.from_env(args.kubeconfig)
@@ -109,10 +111,16 @@ def _uninstall(args: argparse.Namespace) -> int:
         report = uninstall(client, instrumenter, args.timeout)
     finally:
         recorder.stop()
+    nodes = 0
+    try:  # what the operator added to Nodes (controller.telemetry.provider_id)
+        nodes = remove_annotations(client)
+    except ApiError as err:
+        report.failures.append(f"Node provider-ID annotations: {err.message}")
     print(
         f"lumigo-operator uninstall: deleted {report.deleted_lumigoes} Lumigo resource(s), "
         f"finalized {report.finalized_here} here, removed instrumentation from "
-        f"{report.uninstrumented} workload(s)"
+        f"{report.uninstrumented} workload(s) and the provider-ID annotation from "
+        f"{nodes} Node(s)"
     )
     for failure in report.failures:
         print(f"  failed: {failure}", file=sys.stderr)

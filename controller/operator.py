@@ -32,6 +32,7 @@ from controller.runtime.store import ObjectKey, key_of
 from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
 from controller.telemetry.agent_config import AgentSettings, MetricsSettings
 from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
+from controller.telemetry.provider_id import add_node_provider_ids
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
 from webhook.admission.cert_manager import CertWriter, FileCerts, ManagedCert, SelfSignedCerts
@@ -295,6 +296,8 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         enabled=opts.cluster_logs or opts.cluster_metrics,
     )
     manager.add_controller(agent.controller())
+    if opts.node_provider_ids:
+        add_node_provider_ids(manager, client)
 
 
 def run(opts: RunOptions) -> int:

@@ -105,6 +105,7 @@ class RunOptions:
     cluster_metrics_essential_names: tuple[str, ...] = ESSENTIAL_METRICS
     kubelet_port: int = 10250
     kube_state_metrics_selector: str = KUBE_STATE_METRICS_SELECTOR
+    node_provider_ids: bool = True
     telemetry_upstream_metrics_endpoint: str = ""
 
 
@@ -296,6 +297,13 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
         help="comma-separated metric names kept by --cluster-metrics-essential-only",
     )
     a("--kubelet-port", type=int, default=d.kubelet_port, help="the kubelets' API port")
+    a(
+        "--node-provider-ids",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_NODE_PROVIDER_IDS", "true").lower() == "true",
+        help="annotate each Node with its spec.providerID so that telemetry carries"
+        " k8s.provider.id [LUMIGO_NODE_PROVIDER_IDS]",
+    )
     a(
         "--kube-state-metrics-selector",
         default=_env("LUMIGO_KUBE_STATE_METRICS_SELECTOR", d.kube_state_metrics_selector),

@@ -556,6 +556,7 @@ class LocalNode:
         self.labels = {NODE_LABEL: "real", **(labels or {})}
         self.node_id = uuid.uuid4().hex[:8]
         self.name = f"lumigo-node-{self.node_id}"
+        self.provider_id = f"lumigo-local:///{self.name}"
         self.workdir = Path(tempfile.gettempdir()) / f"{WORKDIR_PREFIX}{self.node_id}"
         self.processes: dict[str, Process] = {}
         self.components: Components | None = None
@@ -1057,6 +1058,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "podLogsDir": str(self.workdir / "pod-logs"),
             "volumePluginDir": str(self.workdir / "kubelet" / "volume-plugins"),
             "registerWithTaints": self.taints,
+            # As a cloud's kubelet registers its Node (`<provider>://<instance>`): telemetry
+            # carries it as k8s.provider.id.
+            "providerID": self.provider_id,
             # Images are imported, never pulled: the kubelet must never garbage-collect them.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,

@@ -26,6 +26,7 @@ __all__ = [
     "LEASES",
     "MUTATING_WEBHOOK_CONFIGURATIONS",
     "NAMESPACES",
+    "NODES",
     "PODS",
     "REPLICASETS",
     "SECRETS",
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 NAMESPACES = Resource("v1", "Namespace", "namespaces", namespaced=False)
+NODES = Resource("v1", "Node", "nodes", namespaced=False)
 CONFIGMAPS = Resource("v1", "ConfigMap", "configmaps")
 EVENTS = Resource("v1", "Event", "events")
 PODS = Resource("v1", "Pod", "pods")

@@ -38,10 +38,10 @@ import yaml
 
 from controller.telemetry.config import (
     DURATION,
-    K8S_METADATA,
     ROOT_OWNER_CHAIN,
     ProxySettings,
     escape_expansion,
+    k8s_extract,
     logs_url,
     operator_attributes,
     self_telemetry,
@@ -232,7 +232,7 @@ def build_agent(s: AgentSettings) -> JSON:
                 "filter": {"node_from_env_var": NODE_NAME_ENV},
                 "wait_for_metadata": True,
                 "wait_for_metadata_timeout": "60s",
-                "extract": {"metadata": list(K8S_METADATA)},
+                "extract": k8s_extract(),
                 "pod_association": [
                     {"sources": [{"from": "resource_attribute", "name": "k8s.pod.uid"}]}
                 ],

@@ -34,6 +34,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from api.constants import ANNOTATION_PROVIDER_ID
+
 JSON = dict[str, Any]
 
 DEFAULT_UPSTREAM = "https://ga-otlp.lumigo-tracer-edge.golumigo.com"
@@ -96,6 +98,17 @@ K8S_METADATA = (
     "k8s.cronjob.name",
     "k8s.cronjob.uid",
 )
+
+
+def k8s_extract() -> JSON:
+    """What `k8s_attributes` adds: K8S_METADATA and `k8s.provider.id`, the Node's provider ID
+    from the annotation the operator keeps on it (controller.telemetry.provider_id)."""
+    return {
+        "metadata": list(K8S_METADATA),
+        "annotations": [
+            {"tag_name": "k8s.provider.id", "key": ANNOTATION_PROVIDER_ID, "from": "node"}
+        ],
+    }
 
 
 @dataclass(frozen=True)
@@ -233,7 +246,7 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
                 # the rollout keeps the old pods serving.
                 "wait_for_metadata": True,
                 "wait_for_metadata_timeout": "60s",
-                "extract": {"metadata": list(K8S_METADATA)},
+                "extract": k8s_extract(),
                 "pod_association": [
                     {"sources": [{"from": "resource_attribute", "name": "k8s.pod.uid"}]},
                     {"sources": [{"from": "resource_attribute", "name": "k8s.pod.ip"}]},

@@ -451,7 +451,8 @@ def _method_aside(pod: dict[str, Any]) -> dict[str, Any]:
         ksm = [a for a in container.get("args", []) if a.startswith("--kube-state-metrics-")]
         if container["name"] == "manager":
             assert methods in (["--deployment-method=Helm"], ["--deployment-method=Kustomize"])
-            assert len(ksm) == 1 and ksm[0] in selectors, ksm
+            assert len(ksm) == 1, ksm
+            assert ksm[0] in selectors, ksm
         container["args"] = [a for a in container.get("args", []) if a not in methods + ksm]
     return out
 

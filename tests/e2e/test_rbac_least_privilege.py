@@ -27,9 +27,10 @@ from typing import Any
 
 import pytest
 
+from api.constants import ANNOTATION_PROVIDER_ID
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, JOBS, SECRETS
+from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, JOBS, NODES, SECRETS
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,
@@ -42,7 +43,7 @@ from tests.e2e.packaging_support import (
     service_account_kubeconfig,
 )
 from tests.support.checks import TOKEN, clean, events_of, is_active, lumigo_yaml
-from tests.support.workloads import KINDS, init_container_names, workload
+from tests.support.workloads import KINDS, init_container_names, node_without_kubelet, workload
 
 NAMESPACE = "lumigo-system"
 RELEASE = "lumigo"  # Helm's names for this release are config/'s names
@@ -52,6 +53,7 @@ HOOK_SA = f"{FULLNAME}-uninstall-hook"
 CERT_SECRET = f"{FULLNAME}-lumigo-injector-webhook-certs"
 PROXY_SECRET = f"{FULLNAME}-telemetry-proxy-config"
 AGENT = f"{FULLNAME}-cluster-agent"
+PROVIDER_NODE = "rbac-audit-cloud-node"
 BUNDLE_MANIFESTS = ROOT / "bundle" / "manifests"
 JSON = dict[str, Any]
 
@@ -256,8 +258,14 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
              "stringData": {"token": TOKEN}}  # fmt: skip
     cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(token))
 
+    # A Node with a cloud provider ID: the operator annotates it, the uninstall hook un-annotates.
+    kube.create(NODES, node_without_kubelet(PROVIDER_NODE, "aws:///eu-west-1a/i-0rbac"))
+
     with installed_operator(cluster, kube, NAMESPACE, DEPLOYMENT, workdir) as operator:
         wait_until(lambda: kube.get_or_none(DAEMONSETS, AGENT, NAMESPACE), 60, "the agent")
+        wait_until(lambda: ANNOTATION_PROVIDER_ID in (
+            kube.get(NODES, PROVIDER_NODE)["metadata"].get("annotations") or {}
+        ), 60, "the Node's provider-ID annotation")  # fmt: skip
         first, second = operator.new_namespace(), operator.new_namespace()
         # Existing workloads of every kind: the controller instruments them (Jobs are
         # immutable: an event instead).
@@ -321,6 +329,7 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
         )  # fmt: skip
         assert result.returncode == 0, result.stdout + result.stderr
         assert "finalized 1 here" in result.stdout, result.stdout
+        assert "the provider-ID annotation from 1 Node(s)" in result.stdout, result.stdout
         assert kube.list(LUMIGOES, second)[0] == []
         for resource in KINDS:
             if resource is not JOBS:

@@ -178,6 +178,7 @@ def test_container_log_files_arrive_once_each_with_their_owners(product: Product
         assert r["k8s.pod.name"] == pod["metadata"]["name"]
         assert r["k8s.container.name"] == "app", "the excluded sidecar sent a record"
         assert r["k8s.node.name"] == product.node.name
+        assert r["k8s.provider.id"] == product.node.provider_id
         assert r["k8s.deployment.name"] == "writer"
         assert (r[ROOT_OWNER_KIND], r[ROOT_OWNER_NAME], r[ROOT_OWNER_UID]) == (
             "Deployment", "writer", owner["uid"],
@@ -269,8 +270,12 @@ def test_turning_cluster_collection_off_removes_the_agent(product: Product) -> N
         "get", "secret", f"{name}-config", "-n", OPERATOR_NS, "--ignore-not-found"
     ).strip()
     assert not product.kubectl(
-        "get", "statefulset", f"{product.release.fullname}-kube-state-metrics", "-n",
-        OPERATOR_NS, "--ignore-not-found",
+        "get",
+        "statefulset",
+        f"{product.release.fullname}-kube-state-metrics",
+        "-n",
+        OPERATOR_NS,
+        "--ignore-not-found",
     ).strip(), "kube-state-metrics outlived cluster metrics"
 
 

@@ -195,6 +195,8 @@ def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
         assert resource["k8s.namespace.name"] == APPS_NS
         assert resource["k8s.deployment.name"] == name
         assert resource["k8s.node.name"] == product.node.name
+        # The Node's spec.providerID, through the annotation the operator keeps on it.
+        assert resource["k8s.provider.id"] == product.node.provider_id
         assert resource["k8s.cluster.name"] == CLUSTER_NAME
 
 

@@ -85,3 +85,14 @@ def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
 
 def init_container_names(obj: dict[str, Any]) -> list[str]:
     return [c["name"] for c in pod_spec(obj).get("initContainers") or []]
+
+
+def node_without_kubelet(name: str, provider_id: str | None = None) -> dict[str, Any]:
+    """A Node object no kubelet runs: unschedulable and tainted, so nothing is placed on it."""
+    spec: dict[str, Any] = {
+        "unschedulable": True,
+        "taints": [{"key": "lumigo-test", "value": "no-kubelet", "effect": "NoSchedule"}],
+    }
+    if provider_id:
+        spec["providerID"] = provider_id
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": spec}

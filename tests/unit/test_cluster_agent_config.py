@@ -146,6 +146,8 @@ def test_kubelet_metrics_have_a_pipeline_of_their_own_with_the_same_enrichment()
     assert "filelog" not in config["receivers"]
     pipeline = config["service"]["pipelines"]["metrics/kubelet"]
     assert pipeline["processors"][:2] == ["k8s_attributes", "transform/root_owner"]
+    extract = config["processors"]["k8s_attributes"]["extract"]
+    assert extract["annotations"][0]["tag_name"] == "k8s.provider.id"
     kubelet = config["receivers"]["kubeletstats"]
     assert kubelet["endpoint"] == "https://${env:K8S_NODE_IP}:10250"
     assert kubelet["collection_interval"] == "15s"

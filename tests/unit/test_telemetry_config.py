@@ -63,6 +63,10 @@ def test_proxy_forwards_each_requests_authorization_and_batches_per_tenant() -> 
         processors = config["service"]["pipelines"][signal]["processors"]
         # k8s attributes need the connection's address: before any batching.
         assert processors.index("k8s_attributes") < processors.index("batch/proxy")
+    # The Node's provider ID, from the annotation the operator copies it into.
+    assert config["processors"]["k8s_attributes"]["extract"]["annotations"] == [
+        {"tag_name": "k8s.provider.id", "key": "operator.lumigo.io/provider-id", "from": "node"}
+    ]
 
 
 def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
