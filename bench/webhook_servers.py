@@ -13,6 +13,15 @@ uvloop; 1 and 2 worker processes), hypercorn (h11, asyncio) and cheroot (WSGI, a
 The libraries come from PyPI, pinned below, installed once into the tool cache (never into the
 project's venv: the product does not depend on them).
 
+The Go-equivalent line (`go-controller-runtime`, issue 18 item 5): hack/tools/webhook-go, the
+same injection served the way the reference operator serves its own (controller-runtime's webhook
+server, k8s.io/api types, admission.PatchResponseFromRaw), built from the Go module proxy by
+`hack/install-tools webhook-go` (the bench builds it when missing). The reference operator itself
+is not built here (its repository is not reachable from this machine); to compare with it, build
+its manager from its source (`go build ./...` in its repository at the version you run), start it
+with its webhook certificates and run `wrk` against its /v1alpha1/inject the same way
+(`webhook_direct.saturation` shows the exact command).
+
     .venv/bin/python bench/webhook_servers.py [--duration 10] [--rate 100] [--connections 8]
 
 Writes bench/results/webhook_servers.json.
@@ -66,11 +75,20 @@ CANDIDATES: dict[str, tuple[str, int]] = {
     "uvicorn-2-workers": ("uvicorn", 2),
     "hypercorn": ("hypercorn", 1),
     "cheroot": ("cheroot", 1),
+    "go-controller-runtime": ("go", 1),
 }
+WEBHOOK_GO = ROOT / "bin" / "webhook-go"
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+def install_go_equivalent() -> None:
+    """bin/webhook-go, built once from hack/tools/webhook-go (cached by hack/install-tools)."""
+    if not WEBHOOK_GO.exists():
+        subprocess.run([sys.executable, str(ROOT / "hack" / "install-tools"), "webhook-go"],
+                       check=True)  # fmt: skip
 
 
 def install_libraries() -> None:
@@ -165,6 +183,8 @@ def serve(library: str, workers: int, directory: Path) -> None:
     """Child process: serve on the port in `directory/port` until SIGTERM."""
     cert, key = _certificates(directory)
     port = int((directory / "port").read_text())
+    if library == "go":
+        os.execv(WEBHOOK_GO, [str(WEBHOOK_GO), f"-cert-dir={directory}", f"-port={port}"])
     if library == "uvicorn":
         import uvicorn
 
@@ -304,6 +324,8 @@ def main() -> int:
         serve(args.serve, args.workers, args.dir)
         return 0
     install_libraries()
+    if "go-controller-runtime" in (args.only or CANDIDATES):
+        install_go_equivalent()
     body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
     results: dict[str, Any] = {}
     for name in args.only or list(CANDIDATES):
