@@ -35,12 +35,12 @@ function debug(message) {
  * OpenTelemetry reports a failed export to its global error handler, whose default prints the
  * error with its stack, as JSON, for every batch. Ours prints its message on one line, once per
  * distinct message. Set on the @opentelemetry/core that the distro's SDK and exporters use (the
- * one next to it in node_modules); an application's own copy is not touched.
+ * bundle's own copy); an application's own copy is not touched.
  */
-function quietExportErrors() {
+function quietExportErrors(distro) {
   var seen = {};
   try {
-    require('@opentelemetry/core').setGlobalErrorHandler(function (error) {
+    distro.setGlobalErrorHandler(function (error) {
       var text = error && error.message ? error.message : String(error);
       if (Object.prototype.hasOwnProperty.call(seen, text)) return;
       seen[text] = true;
@@ -133,12 +133,15 @@ function reportNotActivated(reason) {
     // its child processes see their environment unchanged.
     var defaulted = !Object.prototype.hasOwnProperty.call(process.env, REPORT_DEPENDENCIES);
     if (defaulted) process.env[REPORT_DEPENDENCIES] = 'false';
+    // The distro bundled into one file (lumigo-distro-entry.js): its start-up reads one file
+    // instead of resolving ~1,000 modules; node_modules stays next to it for what it loads later.
+    var distro = require('./lumigo-distro.js');
     try {
-      require('@lumigo/opentelemetry');
+      distro.start();
     } finally {
       if (defaulted) delete process.env[REPORT_DEPENDENCIES];
     }
-    if (!flag('LUMIGO_DEBUG')) quietExportErrors();
+    if (!flag('LUMIGO_DEBUG')) quietExportErrors(distro);
     debug('tracing with @lumigo/opentelemetry from ' + __dirname);
   } catch (error) {
     notActivated(String(error && error.message).split('\n')[0]);

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import json
 import subprocess
 import sys
 import time
@@ -88,6 +89,28 @@ def test_node_app_is_traced(injector_payload: Path, tmp_path: Path) -> None:
         }
         with running_app(["node", str(PROGRAMS / "http_app.js")], env, tmp_path) as app:
             assert_traced(receiver, app, "/hello", "node-app")
+
+
+def test_the_node_distro_starts_from_one_bundled_file(
+    injector_payload: Path, tmp_path: Path
+) -> None:
+    """Start-up reads the bundle (nodejs/lumigo-distro.js), not the ~1,000 modules of
+    node_modules, and the distro still knows its own version (nodejs/package.json)."""
+    env = {**base_env(tmp_path), **webhook_env(injector_payload, "http://127.0.0.1:9/v1/traces",
+                                               "app")}  # fmt: skip
+    script = ("const p = process.argv[1]; console.log(JSON.stringify("
+              "Object.keys(require.cache).filter((m) => m.startsWith(p))))")  # fmt: skip
+    result = subprocess.run(["node", "-e", script, str(injector_payload)], env=env,
+                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    loaded = json.loads(result.stdout.splitlines()[-1])
+    nodejs = injector_payload / "nodejs"
+    assert str(nodejs / "lumigo-distro.js") in loaded, loaded
+    # What the bundle still requires at run time by a computed name (protobufjs' `long`).
+    assert len([m for m in loaded if "/node_modules/" in m]) <= 3, loaded
+    version = json.loads((nodejs / "node_modules/@lumigo/opentelemetry/package.json").read_text())
+    assert f"Lumigo OpenTelemetry Distro v{version['version']} started" in result.stdout + (
+        result.stderr
+    )
 
 
 @pytest.mark.parametrize("runtime", ["python", "node"])

@@ -204,7 +204,7 @@ def assert_app_can_use(app: Identity, env: dict[str, str], node_dir: Path) -> No
         ),
         "node": (
             [NODE, "-e", "console.log(Object.keys(require.cache).find("
-             "(m) => m.includes('/node_modules/@lumigo/opentelemetry/')))"],
+             "(m) => m.endsWith('/nodejs/lumigo-distro.js')))"],
             f"tracing with @lumigo/opentelemetry from {volume}/nodejs",
         ),
     }  # fmt: skip
