@@ -8,8 +8,8 @@ get the SERVER span of that request with the expected service name and HTTP attr
 from __future__ import annotations
 
 import glob
-import os
 import json
+import os
 import subprocess
 import sys
 import time
