@@ -468,7 +468,7 @@ def test_chart_renders_the_same_objects_as_config_default() -> None:
     """Release `lumigo` in lumigo-system gives the names of config/: same RBAC, webhooks, pod."""
     chart = load_docs(render_chart("lumigo", "lumigo-system"))
     config: list[dict[str, Any]] = []
-    for part in ("rbac", "manager", "webhook", "telemetry-proxy"):
+    for part in ("rbac", "manager", "webhook", "telemetry-proxy", "kube-state-metrics"):
         for path in sorted((ROOT / "config" / part).glob("*.yaml")):
             if path.name != "kustomization.yaml":
                 config += load_file(path)
@@ -490,6 +490,8 @@ def test_chart_renders_the_same_objects_as_config_default() -> None:
             assert got_pod == want_pod, name
             assert got["spec"]["replicas"] == want["spec"]["replicas"]
             assert want["metadata"]["labels"].items() <= got["metadata"]["labels"].items()
+        elif kind == "StatefulSet":
+            assert got["spec"] == want["spec"], name
         else:
             assert _without_helm_metadata(got) == _without_helm_metadata(want), name
 

@@ -141,6 +141,12 @@ def test_readme_overlay_names_the_cluster(cluster: LocalCluster, tmp_path: Path)
     args = manager["spec"]["template"]["spec"]["containers"][0]["args"]
     opts = run_options(_parser().parse_args(["run", *args]))
     assert (opts.cluster_name, opts.deployment_method) == ("prod-eu-1", "Kustomize")
+    # kube-state-metrics, which the overlay adds, is one its agents' selector finds.
+    (ksm,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    labels = ksm["spec"]["template"]["metadata"]["labels"]
+    for requirement in opts.kube_state_metrics_selector.split(","):
+        key, value = requirement.split("=")
+        assert labels[key] == value, (requirement, labels)
 
 
 def test_seed_readme_yaml_after_kubectl_apply_k(
