@@ -163,7 +163,15 @@ def test_metrics_only_mounts_no_log_directory_and_reads_the_node_ip(
     make(kube, namespace, logs=False, metrics=MetricsSettings(enabled=True)).sync()
     pod = kube.get(DAEMONSETS, AGENT, namespace)["spec"]["template"]["spec"]
     assert "pod-logs" not in {v["name"] for v in pod["volumes"]}
+    # The node's /proc and /sys, read-only, for its own figures (hostmetrics).
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert (host["host-proc"], host["host-sys"]) == ("/proc", "/sys")
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["host-proc"] == {"name": "host-proc", "mountPath": "/hostfs/proc",
+                                   "readOnly": True}  # fmt: skip
+    assert mounts["host-sys"]["readOnly"] is True
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["K8S_NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     config = config_of(kube, namespace)
-    assert set(config["service"]["pipelines"]) == {"metrics/kubelet"}
+    assert set(config["service"]["pipelines"]) == {"metrics/kubelet", "metrics/node",
+                                                   "metrics/cluster"}  # fmt: skip
