@@ -189,7 +189,7 @@ print(sys.modules.get("lumigo_opentelemetry") is not None,
       [type(h).__name__ for h in logging.getLogger().handlers])
 """,
     "node": """
-console.log(Object.keys(require.cache).some((m) => m.includes('/@lumigo/opentelemetry/')),
+console.log(Object.keys(require.cache).some((m) => m.endsWith('/nodejs/lumigo-distro.js')),
             process.env.LUMIGO_REPORT_DEPENDENCIES);
 """,
 }
