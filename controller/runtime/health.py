@@ -3,7 +3,7 @@
 Checks are named callables returning None when fine or raising (any exception = failing, its
 message is shown). `/healthz?verbose` and `/readyz?verbose` list every check like the API server.
 
-Served by the webhook's bounded server (`webhook.admission.server.BoundedHTTPServer`, without
+Served by the webhook's HTTP server (`webhook.admission.server.HTTPServer`: uvicorn, without
 TLS): idle connections are closed after a while, a request must arrive within a deadline, and the
 number of open connections is capped (the longest idle closed first), so idle or slow clients can
 neither pile up threads nor keep the kubelet's probes from being answered.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from webhook.admission.server import BoundedHTTPServer, Request, Response, ServerOptions
+from webhook.admission.server import HTTPServer, Request, Response, ServerOptions
 
 log = logging.getLogger("lumigo.health")
 
@@ -60,7 +60,7 @@ class ProbeServer:
         self._serve_probes = probes
         self._serve_metrics = metrics
         host, port = parse_bind_address(address)
-        self._server = BoundedHTTPServer(
+        self._server = HTTPServer(
             self._handle,
             dataclasses.replace(options, host=host, port=port),
             name=f"probe-server-{port}",

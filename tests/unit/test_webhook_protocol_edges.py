@@ -109,7 +109,8 @@ def test_messages_quote_the_callers_values_only_so_far(
     assert 400 <= status < 500
     assert "x" * (QUOTE_LIMIT + 1) not in text  # no quote runs past the limit...
     assert len(text) <= MESSAGE_LIMIT + 1  # ...and no message, whoever wrote it
-    assert "…" in text or "..." in text  # and the cut is visible
+    # and the cut is visible, or the value is not echoed at all (llhttp's parse errors)
+    assert "…" in text or "..." in text or "x" * 20 not in text
 
 
 def test_a_handler_message_is_clipped_whatever_it_quotes(

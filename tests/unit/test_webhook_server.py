@@ -25,6 +25,7 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
+from webhook.admission.asgi import INLINE_BYTES
 from webhook.admission.readiness import NotReady
 from webhook.admission.server import AdmissionServer, ServerOptions
 from webhook.admission.tls import InvalidKeyPair, ServingTLS
@@ -112,8 +113,10 @@ def test_bad_requests_get_400_with_a_clear_message_and_keep_the_connection(
         (b"POST /v1alpha1/inject HTTP/1.1\r\nHost: x\r\n\r\n", 411, "Content-Length", True),
         (b"POST /v1alpha1/inject HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
          411, "Content-Length", True),
-        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: abc\r\n\r\n", 400, "invalid", True),
-        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400, "invalid", True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: abc\r\n\r\n", 400,
+         "Invalid character in Content-Length", True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: -5\r\n\r\n", 400,
+         "Invalid character in Content-Length", True),
         (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 999999999\r\n\r\n", 413, "larger",
          True),
         (b"BLAH\r\n\r\n", 400, "Bad request", True),
@@ -122,15 +125,15 @@ def test_bad_requests_get_400_with_a_clear_message_and_keep_the_connection(
         (b"POST / HTTP/1.1\r\n" + b"X: " + b"y" * 70000 + b"\r\n\r\n", 431, "too large", True),
         # Two Content-Length headers, equal or not, are a request-smuggling shape: refused.
         (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
-         400, "more than one Content-Length", True),
+         400, "Duplicate Content-Length", True),
         (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 9\r\n\r\n{}",
-         400, "more than one Content-Length", True),
-        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n{}", 400, "invalid",
-         True),
+         400, "Duplicate Content-Length", True),
+        (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\n{}", 400,
+         "Invalid character in Content-Length", True),
         (b"POST /v1alpha1/inject HTTP/1.1\r\nContent-Length : 2\r\n\r\n{}", 400,
-         "Bad header line", True),
+         "Invalid header field char", True),
         (b"POST /v1alpha1/inject HTTP/1.1\r\nX: a\r\n b\r\nContent-Length: 2\r\n\r\n{}", 400,
-         "Bad header line", True),
+         "Unexpected whitespace after header value", True),
         (b"POST /v1alpha1/inject HTTP/2.0\r\n\r\n", 505, "Invalid HTTP version", True),
     ],
 )  # fmt: skip
@@ -185,7 +188,7 @@ def test_expect_100_continue_is_not_answered_when_the_body_is_too_large() -> Non
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 413 ")  # the first answer, no 100 before it
         head_part, _, reply = answer.partition(b"\r\n\r\n")
-        assert b"Connection: close" in head_part
+        assert b"connection: close" in head_part.lower()
         assert "larger than the" in message(reply)
 
 
@@ -328,9 +331,10 @@ def test_graceful_stop_finishes_in_flight_requests_and_closes_idle_ones() -> Non
         assert idle.post(PATH, deployment_body())[0] == 200
         busy = reviews.Client(server.port, ctx)
         result: dict[str, Any] = {}
-        caller = threading.Thread(
-            target=lambda: result.update(reply=busy.post("/slow", deployment_body("slow")))
-        )
+        # Above INLINE_BYTES, so it is handled on a thread (small ones run on the event loop,
+        # where a handler that blocks would hold up the stop itself).
+        large = deployment_body("slow") + b" " * INLINE_BYTES
+        caller = threading.Thread(target=lambda: result.update(reply=busy.post("/slow", large)))
         caller.start()
         assert entered.wait(30)
         stopper.start()

@@ -1,0 +1,229 @@
+"""A plain `Request -> Response` handler as an ASGI application, with bounded bodies.
+
+The framing rules of a webhook are checked before a byte of body is read (so `100 Continue` is
+only sent for a body we accept): one Content-Length, no chunked body (411), at most
+`max_body_bytes` (413, 7 MiB: the API server caps an object at 3 MiB and a review holds object +
+oldObject, like controller-runtime's limit). Memory stays bounded whatever the clients do:
+bodies held at once are capped by `body_budget_bytes` (claimed by Content-Length before
+reading), and bodies being handled at once by `handler_budget_bytes`, because a JSON body
+expands ~24x into Python objects (one 7 MiB review peaks at ~220 MiB in the inject handler).
+Small requests (almost every admission: a few KiB, ~0.2 ms of CPU) are handled on the event
+loop; large ones on a thread, so they never hold up the small ones behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.admission.messages import Request, RequestHandler, Response, status_response
+from webhook.admission.review import quote
+
+log = logging.getLogger("lumigo.webhook.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+INLINE_BYTES = 64 * 1024  # bodies up to this size are handled on the event loop
+_DIGITS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    max_body_bytes: int
+    body_budget_bytes: int
+    handler_budget_bytes: int
+    wait_timeout: float  # the longest a request waits for room in a budget (then 503)
+
+
+class HandlerApp:
+    """Serves `handler` as an ASGI application (HTTP only; no lifespan, no websockets)."""
+
+    def __init__(
+        self,
+        handler: RequestHandler,
+        limits: BodyLimits,
+        pool: concurrent.futures.Executor,
+        name: str = "http-server",
+    ) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.pool = pool
+        self.name = name
+        self._bodies = ByteBudget(max(limits.body_budget_bytes, limits.max_body_bytes))
+        self._handling = ByteBudget(max(limits.handler_budget_bytes, limits.max_body_bytes))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            headers, lengths = _headers(scope["headers"])
+            if "transfer-encoding" in headers:
+                raise _Refused(status_response(411, "send the body with a Content-Length",
+                                               close=True))  # fmt: skip
+            length = _content_length(lengths, self.limits.max_body_bytes)
+        except _Refused as refused:
+            await _send(send, refused.response)
+            return
+        target = scope["raw_path"].decode("latin-1")
+        if scope.get("query_string"):
+            target += "?" + scope["query_string"].decode("latin-1")
+        size = length or 0
+        if not await self._bodies.claim(size, self.limits.wait_timeout):
+            await _send(send, status_response(503, "too many large requests at once: try again",
+                                              close=True))  # fmt: skip
+            return
+        try:
+            body = await _read_body(receive, size)
+            if body is None:
+                return  # the client went away
+            request = Request(scope["method"], target, headers, body, length)
+            del body
+            response = await self._handle(request)
+        finally:
+            self._bodies.release(size)
+        await _send(send, response)
+
+    async def _handle(self, request: Request) -> Response:
+        size = len(request.body)
+        if size <= INLINE_BYTES:
+            return self._run(request)
+        if not await self._handling.claim(size, self.limits.wait_timeout):
+            return status_response(503, "too many large requests at once: try again")
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.pool, self._run, request)
+        finally:
+            self._handling.release(size)
+
+    def _run(self, request: Request) -> Response:
+        try:
+            return self.handler(request)
+        except Exception:
+            log.exception("request handler failed", extra={"server": self.name})
+            return status_response(500, "internal error while handling the request")
+
+
+async def _read_body(receive: Receive, size: int) -> bytes | None:
+    if not size:
+        return b""
+    chunks = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks += message.get("body", b"")
+        if not message.get("more_body", False):
+            return bytes(chunks)
+
+
+async def _send(send: Send, response: Response) -> None:
+    headers = [
+        (b"content-type", response.content_type.encode("latin-1")),
+        (b"content-length", str(len(response.body)).encode("ascii")),
+        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items()),
+    ]
+    if response.close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[dict[str, str], list[str]]:
+    """Headers by lower-case name (repeats joined with ", ") and every Content-Length given."""
+    headers: dict[str, str] = {}
+    lengths: list[str] = []
+    for name, value in raw:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1").strip(" \t")
+        if key == "content-length":
+            lengths.append(text)
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    return headers, lengths
+
+
+def _content_length(lengths: list[str], max_body_bytes: int) -> int | None:
+    """The one Content-Length, within the body limit (None: no body announced)."""
+    if len(lengths) > 1:
+        raise _Refused(status_response(400, "the request has more than one Content-Length "
+                                            "header", close=True))  # fmt: skip
+    if not lengths:
+        return None
+    raw = lengths[0]
+    if not _DIGITS.fullmatch(raw):
+        raise _Refused(status_response(400, f"invalid Content-Length {quote(raw)}", close=True))
+    if len(raw) > 15 or int(raw) > max_body_bytes:
+        shown = raw if len(raw) <= 15 else "more than 10^15"
+        message = f"the body ({shown} bytes) is larger than the {max_body_bytes} bytes accepted"
+        raise _Refused(status_response(413, message, close=True))
+    return int(raw)
+
+
+class _Refused(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+class ByteBudget:
+    """At most `capacity` bytes held at once (event loop thread only). Waiters are served in
+    order, but one that does not fit yet does not hold back smaller ones behind it: a normal
+    admission never queues behind a 7 MiB one."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.free = capacity
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def try_acquire(self, size: int) -> bool:
+        if size <= self.free:
+            self.free -= max(size, 0)
+            return True
+        return False
+
+    async def claim(self, size: int, timeout: float) -> bool:
+        """Take `size` bytes, waiting `timeout` seconds at the most."""
+        if self.try_acquire(size):
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await self.acquire(size)
+        except TimeoutError:
+            return False
+        return True
+
+    async def acquire(self, size: int) -> None:
+        if self.try_acquire(size):
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, granted)
+        self._waiters.append(entry)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release(size)  # granted just as we were cancelled
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(entry)
+
+    def release(self, size: int) -> None:
+        if size <= 0:
+            return
+        self.free += size
+        for entry in list(self._waiters):
+            wanted, granted = entry
+            if granted.done():
+                continue
+            if wanted <= self.free:
+                self.free -= wanted
+                granted.set_result(None)
