@@ -1,24 +1,28 @@
 """`lumigo-operator run`: assemble the manager process from its parts.
 
-Every replica: informer caches, the HTTPS admission server, certificate (re)loading, the event
-recorder, probes and metrics. The Lease holder only: the Lumigo controller, the certificate
-writer (self mode) and the telemetry-proxy configuration.
+Every replica: informer caches, the HTTPS admission server (in worker processes, see
+`controller.admission_workers`), certificate (re)loading, the event recorder, probes and
+metrics. The Lease holder only: the Lumigo controller, the certificate writer (self mode) and the
+telemetry-proxy configuration.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from api import constants
+from controller.admission import (
+    add_admission_server,
+    add_certificates,
+    injection_settings,
+    lumigo_informer,
+)
+from controller.admission_workers import AdmissionWorkers, default_worker_count
 from controller.lumigo import rollouts
 from controller.lumigo.health import Thresholds
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.reconciler import LumigoReconciler
-from controller.lumigo.resources import LUMIGOES
 from controller.lumigo.revert import PodReader, Reverter
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
@@ -26,7 +30,7 @@ from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, ManagerOptions, Result, Runnable
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, WORKLOADS
+from controller.runtime.resources import WORKLOADS
 from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
 from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
@@ -35,46 +39,11 @@ from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.provider_id import add_node_provider_ids
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
-from webhook.admission.cert_manager import CertWriter, FileCerts, ManagedCert, SelfSignedCerts
-from webhook.admission.certs import CertPolicy
-from webhook.admission.server import AdmissionServer, ServerOptions
-from webhook.admission.tls import ServingTLS
-from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
-from webhook.routes import admission_routes
+from webhook.admission.cert_manager import CertWriter
 
 log = logging.getLogger("lumigo.operator")
 
 JSON = dict[str, Any]
-
-
-class CacheNotSynced(RuntimeError):
-    pass
-
-
-class SyncedLister:
-    """The webhook's view of the Lumigo cache; refuses to answer before the first LIST, since
-    an empty answer would mean "no Lumigo here" and let workloads through uninstrumented."""
-
-    def __init__(self, informer: Informer) -> None:
-        self._informer = informer
-
-    def list(self, namespace: str) -> list[JSON]:
-        if not self._informer.has_synced():
-            raise CacheNotSynced("the Lumigo cache has not synced yet")
-        return self._informer.store.list(namespace)
-
-
-def _split_sans(sans: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    names, ips = [], []
-    for san in sans:
-        try:
-            ipaddress.ip_address(san)
-            ips.append(san)
-        except ValueError:
-            names.append(san)
-    return tuple(names), tuple(ips)
 
 
 def _workload_state(obj: JSON) -> JSON:
@@ -107,7 +76,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
             metrics_bind_address=opts.metrics_bind_address,
         ),
     )
-    lumigoes = manager.informer(Selection(LUMIGOES))
+    lumigoes = lumigo_informer(manager)
     workloads = {
         r.kind: manager.informer(
             Selection(r),
@@ -124,13 +93,8 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
     )
 
-    settings = InjectionSettings(
-        operator_version=opts.operator_version,
-        injector_image=opts.injector_image,
-        injector_pull_policy=opts.injector_pull_policy,
-        telemetry_proxy_endpoint=opts.telemetry_proxy_endpoint,
-    )
-    _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder, settings=settings)
+    settings = injection_settings(opts)
+    _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder)
 
     component = events.controller_component(opts.operator_version)
     thresholds = Thresholds(restarts=opts.revert_restarts, unready_after=opts.revert_unready_after)
@@ -179,58 +143,29 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
 
 
 def _add_webhook(
-    manager: Manager,
-    client: KubeClient,
-    opts: RunOptions,
-    *,
-    lumigoes: Informer,
+    manager: Manager, client: KubeClient, opts: RunOptions, *, lumigoes: Informer,
     recorder: EventRecorder,
-    settings: InjectionSettings,
-) -> None:
-    lister = SyncedLister(lumigoes)
-    routes = admission_routes(InjectHandler(lister, recorder, settings), MutateHandler(lister))
-    tls = ServingTLS()
-    server = AdmissionServer(routes, tls, ServerOptions(host=opts.webhook_host,
-                                                        port=opts.webhook_port))  # fmt: skip
-    manager.add_runnable(Runnable("webhook-server", server.start, server.stop))
-    manager.probes.readyz["webhook-server"] = server.ready
-    if opts.cert_mode == "files":
-        files = FileCerts(tls, opts.cert_dir)
-        manager.add_runnable(Runnable("webhook-cert-files", files.start, files.stop))
-        manager.probes.readyz["webhook-certificate"] = files.ready
+) -> None:  # fmt: skip
+    """Admission served here (`--webhook-workers=0`) or by worker processes; the certificate
+    is watched here either way (readiness, expiry metrics) and written by the Lease holder."""
+    certificates = add_certificates(manager, client, opts)
+    workers = opts.webhook_workers if opts.webhook_workers >= 0 else default_worker_count()
+    if workers == 0:
+        add_admission_server(manager, opts, lumigoes=lumigoes, recorder=recorder,
+                             tls=certificates.tls)  # fmt: skip
+    else:
+        pool = AdmissionWorkers(opts, workers)
+        manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,
+                                      healthy=pool.healthy))  # fmt: skip
+        manager.probes.readyz["webhook-server"] = pool.ready
+    if certificates.cert is None:  # files mode: someone else writes them
         return
-    names, ips = _split_sans(opts.webhook_cert_extra_sans)
-    policy = CertPolicy(
-        service=opts.webhook_service,
-        namespace=opts.namespace,
-        ca_validity=dt.timedelta(seconds=opts.ca_validity),
-        serving_validity=dt.timedelta(seconds=opts.cert_validity),
-        ca_lookahead=dt.timedelta(seconds=opts.ca_lookahead),
-        serving_lookahead=dt.timedelta(seconds=opts.cert_lookahead),
-        extra_dns_names=names,
-        extra_ip_addresses=ips,
-    )
-    mutating = opts.webhook_configurations
-    cert = ManagedCert(policy, opts.cert_secret, mutating=mutating)
-    writer = CertWriter(client, cert, resync=opts.cert_check_interval)
-    replica = SelfSignedCerts(tls, cert, kube=client)
-    # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
-    selections = [
-        Selection(SECRETS, opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"),
-        *(
-            Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
-            for n in mutating
-        ),
-    ]
-    watched = [manager.informer(selection) for selection in selections]
-    for informer in watched:
-        informer.add_handler(replica)
+    writer = CertWriter(client, certificates.cert, resync=opts.cert_check_interval)
+    for informer in certificates.watched:
         # On every replica: the writer remembers the last good Secret (a new leader needs it)
         # and wakes its controller, which runs on the leader only.
         informer.add_handler(writer)
-    manager.add_runnable(Runnable("webhook-certificates", replica.start, replica.stop))
     manager.add_controller(cert_writer_controller(writer))
-    manager.probes.readyz["webhook-certificate"] = replica.ready
 
 
 def cert_writer_controller(writer: CertWriter) -> Controller:

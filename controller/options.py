@@ -57,6 +57,7 @@ class RunOptions:
     health_probe_bind_address: str = ":8081"
     webhook_host: str = "0.0.0.0"  # noqa: S104 - the API server reaches us through a Service
     webhook_port: int = 9443
+    webhook_workers: int = -1  # processes serving admissions; -1: the container's CPU limit
     cert_mode: str = "self"
     cert_dir: Path = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - OLM's path
     cert_secret: str = "lumigo-lumigo-operator-lumigo-injector-webhook-certs"
@@ -125,6 +126,21 @@ def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _webhook_workers(text: str) -> int:
+    """'auto' -> -1 (decided at start-up from the CPU limit); otherwise a count >= 0."""
+    if text.strip().lower() in ("", "auto"):
+        return -1
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid webhook worker count {text!r}: expected 'auto' or a number"
+        ) from None
+    if not 0 <= count <= 64:
+        raise argparse.ArgumentTypeError(f"webhook workers must be 'auto' or 0-64, not {count}")
+    return count
+
+
 def add_run_flags(parser: argparse.ArgumentParser) -> None:
     d = RunOptions()
     a = parser.add_argument
@@ -134,6 +150,14 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     a("--health-probe-bind-address", default=d.health_probe_bind_address)
     a("--webhook-host", default=d.webhook_host)
     a("--webhook-port", type=int, default=int(_env("WEBHOOK_PORT", str(d.webhook_port))))
+    a(
+        "--webhook-workers",
+        type=_webhook_workers,
+        default=_env("LUMIGO_WEBHOOK_WORKERS", "auto"),  # a string default goes through `type`
+        help="processes serving admissions, each with its own Lumigo cache: 'auto' (the "
+        "container's CPU limit, rounded up), a number, or 0 to serve in the manager process "
+        "[LUMIGO_WEBHOOK_WORKERS]",
+    )
     a(
         "--cert-mode",
         choices=["self", "files"],

@@ -32,6 +32,7 @@ REQUESTS_IN_FLIGHT = Gauge(
     "controller_runtime_webhook_requests_in_flight",
     "Current number of admission requests being served.",
     ["webhook"],
+    multiprocess_mode="livesum",  # summed over the live admission worker processes
 )
 CERTIFICATE_EXPIRY = Gauge(
     "lumigo_webhook_certificate_expiry_timestamp_seconds",

@@ -1,0 +1,338 @@
+"""Admission served by worker processes that share one listening socket.
+
+Why processes: a Python process runs Python on one core at a time (the GIL), so a webhook in the
+manager process serves what one core allows and waits whenever the controller works (informer
+relists, 1,000 workloads to patch). Each worker here is a process of its own with its own Lumigo
+cache fed by its own watch, its own certificate source, event recorder and uvicorn server, all
+on the socket the manager bound (the kernel hands each connection to one of them). The
+controller's work never takes a worker's GIL; admissions use every core.
+
+The manager's side (`AdmissionWorkers`): it starts `count` workers (default: the container's CPU
+limit, rounded up), reports ready only when every worker is (each reports its readiness over a
+pipe), restarts a worker that exits (backoff 1 s to 30 s), serves the workers' webhook metrics on
+its own /metrics (prometheus_client's multiprocess mode, in a private directory), and on stop
+lets each worker drain its requests. A worker exits when the manager goes away (its pipe closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from prometheus_client import REGISTRY, multiprocess
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from controller.options import RunOptions
+from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
+from webhook.admission.readiness import NotReady
+from webhook.admission.server import ServerOptions, bind
+from webhook.inject_handler import INJECTIONS_TOTAL
+
+log = logging.getLogger("lumigo.webhook.workers")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# What workers measure, shown on the manager's /metrics instead of its own (idle) copies.
+WORKER_METRICS = (REQUESTS_TOTAL, LATENCY_SECONDS, REQUESTS_IN_FLIGHT, INJECTIONS_TOTAL)
+_STATUS_INTERVAL = 0.25
+_BACKOFF = (1.0, 30.0)
+_STABLE_AFTER = 60.0  # a worker up this long starts the next restart's backoff over
+
+
+def default_worker_count() -> int:
+    """The container's CPU limit, rounded up (cgroup v2 or v1), within the CPUs we may run on."""
+    cpus = len(os.sched_getaffinity(0))
+    limit = _cgroup_cpu_limit()
+    return max(1, min(cpus, math.ceil(limit))) if limit else max(1, cpus)
+
+
+def _cgroup_cpu_limit() -> float | None:
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        return None if quota == "max" else int(quota) / int(period)
+    for root in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"):
+        with contextlib.suppress(OSError, ValueError):
+            quota_us = int(Path(root, "cpu.cfs_quota_us").read_text())
+            period_us = int(Path(root, "cpu.cfs_period_us").read_text())
+            return None if quota_us <= 0 else quota_us / period_us
+    return None
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: BaseProcess
+    conn: Connection
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    reason: str = "starting"
+
+
+class AdmissionWorkers:
+    """`count` admission worker processes on one socket, supervised by the manager process."""
+
+    def __init__(self, opts: RunOptions, count: int) -> None:
+        self.opts = opts
+        self.count = count
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context("spawn")
+        self._workers: dict[int, _Worker] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._listener: socket.socket | None = None
+        self._metrics_dir: str | None = None
+        self._supervisor: threading.Thread | None = None
+        self._restart_at: dict[int, float] = {}
+        self._backoff: dict[int, float] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._listener = bind(self.opts.webhook_host, self.opts.webhook_port)
+        self._metrics_dir = tempfile.mkdtemp(prefix="lumigo-webhook-metrics-")
+        _show_worker_metrics(self._metrics_dir)
+        for index in range(self.count):
+            self._spawn(index)
+        self._supervisor = threading.Thread(target=self._supervise, name="webhook-workers",
+                                            daemon=True)  # fmt: skip
+        self._supervisor.start()
+        port = self._listener.getsockname()[1]
+        log.info("admission workers started", extra={"workers": self.count, "port": port})
+
+    def stop(self) -> None:
+        """SIGTERM every worker (each drains its requests), then wait; kill what lingers."""
+        if self._stopping.is_set() or self._listener is None:
+            return
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(worker.process.pid or 0, signal.SIGTERM)
+        deadline = time.monotonic() + ServerOptions.shutdown_timeout + 10.0
+        for worker in workers:
+            worker.process.join(max(0.1, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                log.warning("admission worker did not stop in time; killing it",
+                            extra={"worker": worker.index})  # fmt: skip
+                worker.process.kill()
+                worker.process.join(5)
+            worker.conn.close()
+        self._listener.close()
+        if self._metrics_dir is not None:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
+        log.info("admission workers stopped")
+
+    # -- probes ---------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._listener is None:
+            raise RuntimeError("the admission workers are not started")
+        return int(self._listener.getsockname()[1])
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
+
+    def ready(self) -> None:
+        """For /readyz: every worker is up, listening, with a certificate and a synced cache."""
+        if self._listener is None or self._stopping.is_set():
+            raise NotReady("the admission workers are not running")
+        with self._lock:
+            workers = [self._workers.get(i) for i in range(self.count)]
+        for index, worker in enumerate(workers):
+            if worker is None or not worker.process.is_alive():
+                raise NotReady(f"admission worker {index} is not running (restarting)")
+            if not worker.ready:
+                raise NotReady(f"admission worker {index}: {worker.reason}")
+
+    def healthy(self) -> None:
+        if self._supervisor is not None and not self._supervisor.is_alive():
+            raise RuntimeError("the admission worker supervisor thread died")
+
+    # -- supervision ------------------------------------------------------------------------------
+    def _spawn(self, index: int) -> None:
+        assert self._listener is not None
+        assert self._metrics_dir is not None
+        ours, theirs = self._ctx.Pipe()
+        process = self._ctx.Process(
+            target=serve_admissions,
+            args=(self.opts, index, self._listener, theirs),
+            name=f"webhook-worker-{index}",
+        )
+        with _environment(MULTIPROC_ENV, self._metrics_dir):
+            process.start()
+        theirs.close()
+        with self._lock:
+            self._workers[index] = _Worker(index, process, ours)
+
+    def _supervise(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                workers = list(self._workers.values())
+            waitables: list[object] = [w.conn for w in workers]
+            waitables += [w.process.sentinel for w in workers]
+            for ready in multiprocessing.connection.wait(waitables, timeout=0.5):  # type: ignore[arg-type]
+                for worker in workers:
+                    if ready is worker.conn:
+                        self._receive(worker)
+                    elif ready == worker.process.sentinel:
+                        self._exited(worker)
+            self._restart_due()
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            ready, reason = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.ready, worker.reason = False, "exited"
+            return
+        worker.ready, worker.reason = bool(ready), str(reason)
+
+    def _exited(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._workers.get(worker.index) is not worker:
+                return
+            del self._workers[worker.index]
+        worker.process.join()
+        worker.conn.close()
+        if worker.process.pid is not None and self._metrics_dir is not None:
+            multiprocess.mark_process_dead(worker.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
+        if self._stopping.is_set():
+            return
+        up = time.monotonic() - worker.started
+        backoff = _BACKOFF[0] if up > _STABLE_AFTER else self._backoff.get(worker.index, 0.0)
+        backoff = min(max(backoff * 2, _BACKOFF[0]), _BACKOFF[1])
+        self._backoff[worker.index] = backoff
+        self._restart_at[worker.index] = time.monotonic() + backoff
+        log.warning(
+            "admission worker exited; restarting it",
+            extra={"worker": worker.index, "exit_code": worker.process.exitcode,
+                   "restart_in_s": backoff},
+        )  # fmt: skip
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for index, when in list(self._restart_at.items()):
+            if when <= now and not self._stopping.is_set():
+                del self._restart_at[index]
+                self.restarts += 1
+                self._spawn(index)
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """`name=value` for a child started in this block (spawn copies the environment)."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = previous
+
+
+class _WorkerMetrics(Collector):
+    """The workers' webhook series, summed over workers (a dead worker's counts stay)."""
+
+    def __init__(self, directory: str, names: Iterable[str]) -> None:
+        self._collector = multiprocess.MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+        self._names = frozenset(names)
+
+    def collect(self) -> Iterable[Metric]:
+        found = self._collector.collect()  # type: ignore[no-untyped-call]
+        return [m for m in found if m.name in self._names]
+
+
+_shown: _WorkerMetrics | None = None
+
+
+def _show_worker_metrics(directory: str) -> None:
+    """Serve the workers' values of WORKER_METRICS on this process's /metrics (once)."""
+    global _shown  # noqa: PLW0603 - one default registry per process
+    if _shown is not None:
+        REGISTRY.unregister(_shown)
+    else:
+        for metric in WORKER_METRICS:
+            with contextlib.suppress(KeyError):
+                REGISTRY.unregister(metric)
+    _shown = _WorkerMetrics(directory, (m._name for m in WORKER_METRICS))
+    REGISTRY.register(_shown)
+
+
+# --- the worker process ---------------------------------------------------------------------------
+
+
+def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
+                     conn: Connection) -> None:  # fmt: skip
+    """A worker's main: the admission side of the operator, on the manager's socket."""
+    from controller.admission import (  # noqa: PLC0415 - the worker's own imports
+        add_admission_server,
+        add_certificates,
+        check_ready,
+        lumigo_informer,
+    )
+    from controller.runtime.events import EventRecorder  # noqa: PLC0415
+    from controller.runtime.kube import KubeClient  # noqa: PLC0415
+    from controller.runtime.logs import setup_logging  # noqa: PLC0415
+    from controller.runtime.manager import Manager, ManagerOptions, Runnable  # noqa: PLC0415
+
+    setup_logging(opts.log_level)
+    client = KubeClient.from_env(opts.kubeconfig)
+    manager = Manager(
+        client,
+        ManagerOptions(
+            namespace=opts.namespace,
+            leader_election=False,
+            health_probe_bind_address="127.0.0.1:0",  # read over the pipe, not by the kubelet
+            metrics_bind_address="0",
+        ),
+    )
+    lumigoes = lumigo_informer(manager)
+    recorder = EventRecorder(client)
+    manager.add_runnable(
+        Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
+    )
+    certificates = add_certificates(manager, client, opts)
+    add_admission_server(manager, opts, lumigoes=lumigoes, recorder=recorder,
+                         tls=certificates.tls, listener=listener)  # fmt: skip
+
+    def report() -> None:
+        """Readiness to the manager when it changes; SIGTERM ourselves if the manager is gone."""
+        last: tuple[bool, str] | None = None
+        while True:
+            try:
+                check_ready(manager)
+                now = (True, "")
+            except NotReady as err:
+                now = (False, str(err))
+            try:
+                if now != last:
+                    conn.send(now)
+                    last = now
+                if conn.poll(_STATUS_INTERVAL):
+                    conn.recv()  # the manager sends nothing: this is its end closing
+            except (EOFError, OSError):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=report, name="worker-status", daemon=True).start()
+    log.info("admission worker starting", extra={"worker": index, "pid": os.getpid()})
+    manager.run()

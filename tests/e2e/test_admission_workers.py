@@ -1,0 +1,193 @@
+"""Admission served by worker processes (issue 18): each worker answers from its own Lumigo cache,
+their metrics add up on the manager's /metrics, a dead worker is restarted (the manager is not
+ready meanwhile), and no worker outlives the manager."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
+from tests.support import reviews
+from tests.support.checks import TOKEN, is_active, lumigo_yaml
+from tests.support.lumigo import create_token_secret
+
+INJECT = "/v1alpha1/inject"
+
+
+def worker_pids(parent: int) -> list[int]:
+    """The manager's admission workers: its children started by multiprocessing's spawn."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        if ppid == parent and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def webhook_context(kube: KubeClient, op: OperatorProcess) -> ssl.SSLContext:
+    """Trusts the CA the operator wrote into its webhook configuration."""
+    config = kube.get(MUTATING_WEBHOOK_CONFIGURATIONS, op.config_name)
+    bundle = base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"])
+    return ssl.create_default_context(cadata=bundle.decode())
+
+
+def admit(port: int, context: ssl.SSLContext, namespace: str, uid: str) -> dict[str, object]:
+    """One admission on a new connection (a new connection goes to a worker that accepts)."""
+    client = reviews.Client(port, context, timeout=10)
+    try:
+        body = reviews.body_of(reviews.review(reviews.deployment("shop", namespace), uid=uid))
+        status, reply = client.post(INJECT, body)
+    finally:
+        client.close()
+    assert status == 200, reply
+    response: dict[str, object] = json.loads(reply)["response"]
+    return response
+
+
+def injections(op: OperatorProcess) -> float:
+    """controller_runtime_webhook_requests_total of the inject route, code 200, as the manager
+    shows it."""
+    total = 0.0
+    for line in op.probe("/metrics")[1].splitlines():
+        if line.startswith("controller_runtime_webhook_requests_total{") and (
+            f'webhook="{INJECT}"' in line and 'code="200"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process cannot accept connections meanwhile: the others get them all."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def operator(cluster: LocalCluster, kube: KubeClient, crd: Path) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, kube, extra_args=("--webhook-workers=2",)).setup()
+    try:
+        op.start().wait_ready()
+        yield op
+    finally:
+        op.teardown()
+
+
+def test_each_worker_admits_from_its_own_cache_and_metrics_add_up(
+    cluster: LocalCluster, kube: KubeClient, operator: OperatorProcess
+) -> None:
+    assert operator.proc is not None
+    workers = worker_pids(operator.proc.pid)
+    assert len(workers) == 2
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    context = webhook_context(kube, operator)
+    before = injections(operator)
+    sent = 0
+    for serving, paused in ((workers[0], workers[1]), (workers[1], workers[0])):
+        with stopped(paused):
+            # Only `serving` accepts now: it must see the new Lumigo through its own watch.
+            wait_until(lambda: bool(admit(operator.webhook_port, context, ns, "probe")
+                                    .get("patch")), 30, f"worker {serving} to inject")  # fmt: skip
+            sent += 1
+            for i in range(5):
+                response = admit(operator.webhook_port, context, ns, f"{serving}-{i}")
+                assert response["allowed"] is True
+                assert response.get("patch"), "no injection from this worker"
+                sent += 1
+    # Both workers' counts are on the manager's /metrics (each served six).
+    wait_until(lambda: injections(operator) - before >= sent, 10, "the workers' counts")
+    status, text = operator.probe("/readyz?verbose")
+    assert status == 200
+    assert "[+]webhook-server ok" in text
+
+
+def test_a_worker_that_dies_is_restarted(
+    cluster: LocalCluster, kube: KubeClient, operator: OperatorProcess
+) -> None:
+    assert operator.proc is not None
+    first = worker_pids(operator.proc.pid)
+    os.kill(first[0], signal.SIGKILL)
+    wait_until(lambda: not alive(first[0]), 10, "the worker to die")
+
+    def replaced() -> bool:
+        assert operator.proc is not None
+        now = worker_pids(operator.proc.pid)
+        return len(now) == 2 and first[0] not in now and first[1] in now
+
+    wait_until(replaced, 30, "a new worker in its place")
+    wait_until(lambda: operator.probe("/readyz")[0] == 200, 60, "ready again")
+    context = webhook_context(kube, operator)
+    for i in range(4):
+        assert admit(operator.webhook_port, context, "default", f"after-{i}")["allowed"] is True
+    assert "admission worker exited; restarting it" in operator.log_tail(400)
+
+
+def test_unready_while_a_worker_is_missing(
+    cluster: LocalCluster, kube: KubeClient, operator: OperatorProcess
+) -> None:
+    assert operator.proc is not None
+    pids = worker_pids(operator.proc.pid)
+    with stopped(pids[1]):
+        os.kill(pids[0], signal.SIGKILL)
+        # The replacement cannot be ready before its cache syncs; the manager says which.
+        wait_until(lambda: "admission worker 0" in operator.probe("/readyz?verbose")[1], 10,
+                   "readyz to name the missing worker")  # fmt: skip
+        status, text = operator.probe("/readyz?verbose")
+        assert status != 200
+        assert "[-]webhook-server failed: admission worker 0" in text
+    wait_until(lambda: operator.probe("/readyz")[0] == 200, 60, "ready again")
+
+
+def test_no_worker_outlives_the_manager(
+    cluster: LocalCluster, kube: KubeClient, operator: OperatorProcess
+) -> None:
+    assert operator.proc is not None
+    workers = worker_pids(operator.proc.pid)
+    assert workers
+    os.kill(operator.proc.pid, signal.SIGKILL)  # the manager only, not its process group
+    operator.proc.wait(10)
+    wait_until(lambda: not any(alive(pid) for pid in workers), 15, "the workers to exit")
+
+
+def test_sigterm_stops_the_workers_gracefully(
+    cluster: LocalCluster, kube: KubeClient, operator: OperatorProcess
+) -> None:
+    assert operator.proc is not None
+    workers = worker_pids(operator.proc.pid)
+    os.kill(operator.proc.pid, signal.SIGTERM)  # as the kubelet does, to the manager
+    assert operator.proc.wait(40) == 0
+    assert not any(alive(pid) for pid in workers)
+    assert "admission workers stopped" in operator.log_tail(200)
