@@ -1,33 +1,35 @@
 #!/usr/bin/env python3
-"""Admission latency while the controller is busy, in the real operator process.
+"""The real operator's admission: saturated throughput, and latency while the controller is busy.
 
-The webhook shares its process (and its GIL) with the informers and reconcilers. This measures
-what that costs: open-loop admissions at --rate/s, sent directly over TLS to the operator's
-webhook port (a realistic 3-container Deployment in a namespace with an Active Lumigo), first
-with the controller idle, then while it instruments --count existing Deployments in another
-namespace and removes the instrumentation again (--cycles times: apply the Lumigo, wait until
-all are instrumented, delete it, wait until all are clean). Latency is counted from each
-request's scheduled send time as well, so a stall is not hidden by coordinated omission.
+For each --workers value (`--webhook-workers` of `lumigo-operator run`; 0 serves admission in the
+manager process, next to the informers and reconcilers and under their GIL), against a local
+control plane: the operator's RSS (its whole process tree) idle and after load; wrk saturation
+over --connections keep-alive connections; then open-loop admissions at --rate/s on one
+connection, sent directly over TLS to the webhook port (a realistic 3-container Deployment in a
+namespace with an Active Lumigo), first with the controller idle, then while it instruments
+--count existing Deployments in another namespace and removes the instrumentation again
+(--cycles times: apply the Lumigo, wait until all are instrumented, delete it, wait until all
+are clean). Latency is counted from each request's scheduled send time as well, so a stall is
+not hidden by coordinated omission.
 
-    .venv/bin/python bench/webhook_busy_controller.py [--count 1000] [--cycles 3] [--rate 100]
+    .venv/bin/python bench/webhook_busy_controller.py [--workers 0 2] [--count 1000] [--cycles 3]
 
-Writes bench/results/webhook_busy_controller.json. Issue 18's goal: p99 <= 5 ms while busy.
+Writes bench/results/webhook_busy_controller.json. Issue 18's goals: p99 <= 5 ms while busy,
+>= 4,000 admissions/s saturated with 8 connections on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
-from webhook_direct import machine, offered_load  # noqa: E402
+from webhook_direct import machine, offered_load, saturation  # noqa: E402
+from webhook_servers import tree_rss_mib  # noqa: E402
 
 from controller.lumigo.resources import LUMIGOES  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
@@ -126,65 +129,66 @@ def measure(
     return {"idle": idle, "busy": busy}
 
 
-@contextlib.contextmanager
-def separate_server(directory: Path) -> Iterator[tuple[int, Path]]:
-    """bench/webhook_direct.py's server (the real handlers) in a child process."""
-    directory.mkdir()
-    script = ROOT / "bench" / "webhook_direct.py"
-    child = subprocess.Popen([sys.executable, str(script), "--serve", str(directory)])
+def one_operator(
+    cluster: LocalCluster, kube: KubeClient, tmp: Path, workers: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The real operator with `workers` admission workers (0: in the manager process)."""
+    op = OperatorProcess(cluster, kube, operator_version="0.1.0", log_level="info",
+                         extra_args=(f"--webhook-workers={workers}",)).setup()  # fmt: skip
     try:
-        wait_until((directory / "port").exists, 30, "the separate server to start")
-        yield int((directory / "port").read_text()), directory / "ca.pem"
+        op.start().wait_ready()
+        assert op.proc is not None
+        hot = op.new_namespace()  # where the admissions are for: an Active Lumigo
+        create_token_secret(kube, hot, TOKEN)
+        cluster.kubectl("apply", "-n", hot, "-f", "-", input=lumigo_yaml())
+        wait_until(lambda: is_active(kube, hot), 120, "the Lumigo to be Active")
+        busy = op.new_namespace()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, f"d{i}"),
+                                                busy), range(args.count)))  # fmt: skip
+        create_token_secret(kube, busy, TOKEN)
+        ca = webhook_ca(kube, op, tmp)
+        body = reviews.body_of(reviews.review(reviews.deployment(namespace=hot)))
+        time.sleep(2.0)
+        idle_rss = tree_rss_mib(op.proc.pid)
+        saturated = saturation(op.webhook_port, body, args.connections, args.duration)
+        loaded_rss = tree_rss_mib(op.proc.pid)
+        timings: list[dict[str, float]] = []
+
+        def cycle_work() -> None:
+            timings.extend(busy_cycles(cluster, kube, busy, args.count, args.cycles))
+
+        latency = measure(op.webhook_port, ca, body, args.rate, args.idle_seconds, cycle_work)
     finally:
-        child.terminate()
-        child.wait(30)
+        op.teardown()
+    return {
+        "workers": workers,
+        "operator_rss_mib": {"idle": idle_rss, "after_saturation": loaded_rss},
+        "saturation": saturated,
+        **latency,
+        "cycles": timings,
+    }
 
 
-def run(count: int, cycles: int, rate: float, idle_seconds: float) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine()
+    results: dict[str, Any] = {}
     with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD))
         cluster.kubectl("wait", "--for=condition=Established", "crd/lumigoes.operator.lumigo.io")
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
-        op = OperatorProcess(cluster, kube, operator_version="0.1.0", log_level="info").setup()
-        try:
-            op.start().wait_ready()
-            hot = op.new_namespace()  # where the admissions are for: an Active Lumigo
-            create_token_secret(kube, hot, TOKEN)
-            cluster.kubectl("apply", "-n", hot, "-f", "-", input=lumigo_yaml())
-            wait_until(lambda: is_active(kube, hot), 120, "the Lumigo to be Active")
-            busy = op.new_namespace()
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda i: kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, f"d{i}"),
-                                                    busy), range(count)))  # fmt: skip
-            create_token_secret(kube, busy, TOKEN)
-            ca = webhook_ca(kube, op, Path(tmp))
-            body = reviews.body_of(reviews.review(reviews.deployment(namespace=hot)))
-            timings: list[dict[str, float]] = []
-
-            def cycle_work() -> None:
-                timings.extend(busy_cycles(cluster, kube, busy, count, cycles))
-
-            in_process = measure(op.webhook_port, ca, body, rate, idle_seconds, cycle_work)
-            # The same load on a webhook server in a process of its own (the handlers of
-            # bench/webhook_direct.py): what isolating admission from the controller can give
-            # on this machine, where the API server and etcd share the same two cores.
-            with separate_server(Path(tmp) / "separate") as (port, separate_ca):
-                # Its handlers see an Active Lumigo in "default": the same instrumenting path.
-                same_work = reviews.body_of(reviews.review(reviews.deployment()))
-                separate = measure(port, separate_ca, same_work, rate, idle_seconds, cycle_work)
-        finally:
-            op.teardown()
+        for workers in args.workers:
+            directory = Path(tmp) / f"workers-{workers}"
+            directory.mkdir()
+            results[str(workers)] = one_operator(cluster, kube, directory, workers, args)
     return {
         "benchmark": "webhook_busy_controller",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {**info, "loadavg_after": os.getloadavg()},
-        "count": count,
-        "cycles": timings,
-        "rate": rate,
-        "in_process": in_process,
-        "separate_process": separate,
-        "targets": {"p99_ms_while_busy": 5.0},
+        "count": args.count,
+        "rate": args.rate,
+        "by_workers": results,
+        "targets": {"p99_ms_while_busy": 5.0, "saturated_rps": 4000},
     }
 
 
@@ -194,23 +198,37 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[0, 2],
+        help="--webhook-workers values to measure (0: in the manager process)",
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="wrk seconds")
+    parser.add_argument("--connections", type=int, default=8, help="wrk connections")
     args = parser.parse_args()
-    result = run(args.count, args.cycles, args.rate, args.idle_seconds)
+    result = run(args)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     m = result["machine"]
     print(f"{m['cpus']} CPUs ({m['cpu_model']}); {args.rate:.0f} admissions/s on one connection")
-    for where in ("in_process", "separate_process"):
+    for workers, figures in result["by_workers"].items():
+        sat, rss = figures["saturation"], figures["operator_rss_mib"]
+        print(f"--webhook-workers={workers}: operator RSS {rss['idle']} MiB idle, "
+              f"{rss['after_saturation']} MiB after saturation; saturated "
+              f"({sat['connections']} conns): {sat['rps']}/s, p99 {sat['p99_ms']} ms, "
+              f"non-2xx {sat['non_2xx']} {sat['socket_errors']}")  # fmt: skip
         for name in ("idle", "busy"):
-            r = result[where][name]
+            r = figures[name]
             print(
-                f"{where} {name}: {r['requests']} admissions in {r['seconds']} s: "
+                f"  {name}: {r['requests']} admissions in {r['seconds']} s: "
                 f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms (p99 from "
                 f"the scheduled send {r['from_schedule_p99_ms']} ms), errors {r['errors']}"
             )
-    for i, t in enumerate(result["cycles"], 1):
-        print(f"cycle {i}: {args.count} Deployments instrumented in {t['instrument_s']} s, "
-              f"cleaned in {t['remove_s']} s")  # fmt: skip
+        for i, t in enumerate(figures["cycles"], 1):
+            print(f"  cycle {i}: {args.count} Deployments instrumented in {t['instrument_s']} s, "
+                  f"cleaned in {t['remove_s']} s")  # fmt: skip
     print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 

@@ -227,7 +227,7 @@ def serve(library: str, workers: int, directory: Path) -> None:
         raise SystemExit(f"unknown library {library!r}")
 
 
-def _tree_rss_mib(pid: int) -> float:
+def tree_rss_mib(pid: int) -> float:
     """RSS of a process and its descendants (worker processes), MiB."""
     total, todo = 0, [pid]
     while todo:
@@ -287,11 +287,11 @@ def measure(name: str, body: bytes, args: argparse.Namespace) -> dict[str, Any]:
                 raise
             port = int((directory / "port").read_text())
             time.sleep(1.0 + workers)  # every worker up before the idle RSS and the load
-            idle_rss = _tree_rss_mib(child.pid)
+            idle_rss = tree_rss_mib(child.pid)
             ca = directory / "ca.pem"
             offered = webhook_direct.offered_load(port, ca, body, args.rate, args.duration)
             saturated = webhook_direct.saturation(port, body, args.connections, args.duration)
-            loaded_rss = _tree_rss_mib(child.pid)
+            loaded_rss = tree_rss_mib(child.pid)
         finally:
             os.killpg(child.pid, signal.SIGTERM)
             try:

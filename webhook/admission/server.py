@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import resource
@@ -158,16 +159,10 @@ class HTTPServer:
         self.tls = tls
         self.name = name
         self._listener = listener
-        self._limits = Connections(
-            cap=options.max_connections,
-            idle_timeout=options.idle_timeout,
-            request_timeout=options.request_timeout,
-            handshake_timeout=options.handshake_timeout,
-            max_request_line=options.max_request_line,
-            max_header_bytes=options.max_header_bytes,
-            max_headers=options.max_headers,
-            name=name,
-        )
+        # The deadlines and caps the protocol enforces, by the same names as in `options`.
+        shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(Connections)
+                  if f.init and hasattr(options, f.name)}  # fmt: skip
+        self._limits = Connections(cap=options.max_connections, name=name, **shared)
         self._server: _Uvicorn | None = None
         self._thread: threading.Thread | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None

@@ -1,0 +1,78 @@
+"""How many admission worker processes: the flag, and the container's CPU limit behind 'auto'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller import admission_workers
+from controller.cli import _parser
+from controller.options import run_options
+
+
+def parse(*args: str) -> int:
+    return run_options(_parser().parse_args(["run", *args])).webhook_workers
+
+
+def test_the_flag_takes_auto_a_number_or_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LUMIGO_WEBHOOK_WORKERS", raising=False)
+    assert parse() == -1  # auto: decided at start-up
+    assert parse("--webhook-workers=auto") == -1
+    assert parse("--webhook-workers=0") == 0
+    assert parse("--webhook-workers=3") == 3
+    monkeypatch.setenv("LUMIGO_WEBHOOK_WORKERS", "2")
+    assert parse() == 2
+
+
+@pytest.mark.parametrize("bad", ["-1", "65", "two"])
+def test_a_bad_count_is_refused_with_a_clear_message(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse(f"--webhook-workers={bad}")
+    assert "webhook worker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cpus", "expected"),
+    [
+        ("max 100000\n", 2, 2),  # no limit: every CPU we may run on
+        ("50000 100000\n", 2, 1),  # 500m (the chart's default) -> 1
+        ("150000 100000\n", 4, 2),  # 1.5 -> 2, rounded up
+        ("800000 100000\n", 2, 2),  # a limit above the CPUs we have
+    ],
+)
+def test_auto_follows_the_cgroup_v2_cpu_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str, cpus: int, expected: int
+) -> None:
+    (tmp_path / "cpu.max").write_text(cpu_max)
+    real_path = admission_workers.Path
+
+    def fake_path(*parts: str) -> Path:
+        joined = real_path(*parts)
+        if str(joined) == "/sys/fs/cgroup/cpu.max":
+            return tmp_path / "cpu.max"
+        return tmp_path / "absent" if str(joined).startswith("/sys/fs/cgroup") else joined
+
+    monkeypatch.setattr(admission_workers, "Path", fake_path)
+    monkeypatch.setattr(admission_workers.os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    assert admission_workers.default_worker_count() == expected
+
+
+def test_auto_follows_the_cgroup_v1_quota(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    v1 = tmp_path / "cpu,cpuacct"
+    v1.mkdir()
+    (v1 / "cpu.cfs_quota_us").write_text("250000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    real_path = admission_workers.Path
+
+    def fake_path(*parts: str) -> Path:
+        joined = real_path(*parts)
+        if str(joined).startswith("/sys/fs/cgroup/cpu,cpuacct"):
+            return v1 / joined.name
+        return tmp_path / "absent" if str(joined).startswith("/sys/fs/cgroup") else joined
+
+    monkeypatch.setattr(admission_workers, "Path", fake_path)
+    monkeypatch.setattr(admission_workers.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert admission_workers.default_worker_count() == 3  # 2.5 CPUs, rounded up
