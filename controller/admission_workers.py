@@ -252,13 +252,20 @@ def _environment(name: str, value: str) -> Iterator[None]:
 class _WorkerMetrics(Collector):
     """The workers' webhook series, summed over workers (a dead worker's counts stay)."""
 
-    def __init__(self, directory: str, names: Iterable[str]) -> None:
+    def __init__(self, directory: str) -> None:
         self._collector = multiprocess.MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
-        self._names = frozenset(names)
+        self._names = frozenset(m._name for m in WORKER_METRICS)
 
     def collect(self) -> Iterable[Metric]:
         found = self._collector.collect()  # type: ignore[no-untyped-call]
-        return [m for m in found if m.name in self._names]
+        metrics = [m for m in found if m.name in self._names]
+        seen = {m.name for m in metrics}
+        # A family no worker has a sample of yet is still listed (HELP and TYPE), as it is
+        # without workers: dashboards and alerts can tell "none yet" from "not exported".
+        for metric in WORKER_METRICS:
+            if metric._name not in seen:
+                metrics.append(Metric(metric._name, metric._documentation, metric._type))
+        return metrics
 
 
 _shown: _WorkerMetrics | None = None
@@ -273,7 +280,7 @@ def _show_worker_metrics(directory: str) -> None:
         for metric in WORKER_METRICS:
             with contextlib.suppress(KeyError):
                 REGISTRY.unregister(metric)
-    _shown = _WorkerMetrics(directory, (m._name for m in WORKER_METRICS))
+    _shown = _WorkerMetrics(directory)
     REGISTRY.register(_shown)
 
 

@@ -403,7 +403,7 @@ def test_csv_runs_the_manager_with_olm_managed_certificates() -> None:
     assert "--deployment-method=OLM" in container["args"]
     assert "--cert-mode=files" in container["args"]
     assert not [a for a in container["args"] if a.startswith(("--cert-secret", "--webhook-"))
-                and not a.startswith("--webhook-port")]  # fmt: skip
+                and not a.startswith(("--webhook-port", "--webhook-workers"))]  # fmt: skip
     want = manager_deployment()["spec"]["template"]["spec"]
     got = deployment["spec"]["template"]["spec"]
     assert got["securityContext"] == want["securityContext"]
