@@ -150,6 +150,14 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
     assert spec["initContainers"][0]["image"] == product.images["autotrace"]
     product.kubectl("delete", "namespace", ns, "--wait=false")
 
+    # Those admissions were served by an admission worker process in the manager's container
+    # (non-root, read-only root, no capability): the chart's 500m CPU limit gives one.
+    lines = product.kubectl("logs", "-n", OPERATOR_NS, manager["metadata"]["name"]).splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    started = [r for r in records if r.get("msg") == "admission workers started"]
+    assert started and started[0]["workers"] == 1, lines[-20:]
+    assert any(r.get("msg") == "admission worker starting" for r in records)
+
 
 def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
     product: Product, original_specs: dict[str, JSON]
