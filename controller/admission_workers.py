@@ -103,7 +103,8 @@ class AdmissionWorkers:
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         self._listener = bind(self.opts.webhook_host, self.opts.webhook_port)
-        self._metrics_dir = tempfile.mkdtemp(prefix="lumigo-webhook-metrics-")
+        _remove_stale_metrics_dirs()
+        self._metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{_process_identity()}-")
         _show_worker_metrics(self._metrics_dir)
         for index in range(self.count):
             self._spawn(index)
@@ -233,6 +234,29 @@ class AdmissionWorkers:
                 del self._restart_at[index]
                 self.restarts += 1
                 self._spawn(index)
+
+
+_METRICS_PREFIX = "lumigo-webhook-metrics-"
+
+
+def _process_identity(pid: int | None = None) -> str:
+    """`<pid>.<start time>`: unique for a process's life, even across container restarts (where
+    the manager is always pid 1 and /tmp, an emptyDir, survives)."""
+    stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+    return f"{pid or os.getpid()}.{stat.rpartition(')')[2].split()[19]}"
+
+
+def _remove_stale_metrics_dirs() -> None:
+    """Metrics directories of managers that are gone (killed before they could clean up)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_METRICS_PREFIX}*"):
+        identity = path.name.removeprefix(_METRICS_PREFIX).rpartition("-")[0]
+        pid = identity.partition(".")[0]
+        try:
+            alive = pid.isdigit() and _process_identity(int(pid)) == identity
+        except OSError:
+            alive = False
+        if not alive:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager

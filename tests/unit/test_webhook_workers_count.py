@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,19 @@ def test_auto_follows_the_cgroup_v1_quota(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setattr(admission_workers, "Path", fake_path)
     monkeypatch.setattr(admission_workers.os, "sched_getaffinity", lambda _pid: set(range(8)))
     assert admission_workers.default_worker_count() == 3  # 2.5 CPUs, rounded up
+
+
+def test_metrics_directories_of_managers_that_are_gone_are_removed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A killed manager leaves its directory in /tmp (an emptyDir that outlives the container)."""
+    monkeypatch.setattr(admission_workers.tempfile, "gettempdir", lambda: str(tmp_path))
+    prefix = "lumigo-webhook-metrics-"
+    ours = tmp_path / f"{prefix}{admission_workers._process_identity()}-abc"
+    reused_pid = tmp_path / f"{prefix}{os.getpid()}.1-def"  # our pid, another start time
+    dead = tmp_path / f"{prefix}999999999.5-ghi"
+    unrelated = tmp_path / "something-else"
+    for path in (ours, reused_pid, dead, unrelated):
+        path.mkdir()
+    admission_workers._remove_stale_metrics_dirs()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours.name, unrelated.name])
