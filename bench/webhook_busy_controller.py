@@ -3,14 +3,14 @@
 
 For each --workers value (`--webhook-workers` of `lumigo-operator run`; 0 serves admission in the
 manager process, next to the informers and reconcilers and under their GIL), against a local
-control plane: the operator's RSS (its whole process tree) idle and after load; wrk saturation
-over --connections keep-alive connections; then open-loop admissions at --rate/s on one
-connection, sent directly over TLS to the webhook port (a realistic 3-container Deployment in a
-namespace with an Active Lumigo), first with the controller idle, then while it instruments
---count existing Deployments in another namespace and removes the instrumentation again
-(--cycles times: apply the Lumigo, wait until all are instrumented, delete it, wait until all
-are clean). Latency is counted from each request's scheduled send time as well, so a stall is
-not hidden by coordinated omission.
+control plane: open-loop admissions at --rate/s on one connection, sent directly over TLS to the
+webhook port (a realistic 3-container Deployment in a namespace with an Active Lumigo), first
+with the controller idle, then while it instruments --count existing Deployments in another
+namespace and removes the instrumentation again (--cycles times: apply the Lumigo, wait until
+all are instrumented, delete it, wait until all are clean); then wrk saturation over
+--connections keep-alive connections; and the operator's RSS (its whole process tree) idle and
+after the load. Latency is counted from each request's scheduled send time as well, so a stall
+is not hidden by coordinated omission.
 
     .venv/bin/python bench/webhook_busy_controller.py [--workers 0 2] [--count 1000] [--cycles 3]
 
@@ -151,14 +151,15 @@ def one_operator(
         body = reviews.body_of(reviews.review(reviews.deployment(namespace=hot)))
         time.sleep(2.0)
         idle_rss = tree_rss_mib(op.proc.pid)
-        saturated = saturation(op.webhook_port, body, args.connections, args.duration)
-        loaded_rss = tree_rss_mib(op.proc.pid)
         timings: list[dict[str, float]] = []
 
         def cycle_work() -> None:
             timings.extend(busy_cycles(cluster, kube, busy, args.count, args.cycles))
 
         latency = measure(op.webhook_port, ca, body, args.rate, args.idle_seconds, cycle_work)
+        time.sleep(5.0)  # the last cycle's events and relists settle
+        saturated = saturation(op.webhook_port, body, args.connections, args.duration)
+        loaded_rss = tree_rss_mib(op.proc.pid)
     finally:
         op.teardown()
     return {

@@ -15,11 +15,11 @@ from typing import Any
 
 from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
-from controller.runtime.events import EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, Runnable
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from webhook import events
 from webhook.admission.cert_manager import FileCerts, ManagedCert, SelfSignedCerts
 from webhook.admission.certs import CertPolicy
 from webhook.admission.readiness import NotReady
@@ -120,7 +120,7 @@ def add_admission_server(
     opts: RunOptions,
     *,
     lumigoes: Informer,
-    recorder: EventRecorder,
+    recorder: events.EventRecorder,
     tls: ServingTLS,
     listener: socket.socket | None = None,
 ) -> AdmissionServer:

@@ -3,9 +3,11 @@
 Why processes: a Python process runs Python on one core at a time (the GIL), so a webhook in the
 manager process serves what one core allows and waits whenever the controller works (informer
 relists, 1,000 workloads to patch). Each worker here is a process of its own with its own Lumigo
-cache fed by its own watch, its own certificate source, event recorder and uvicorn server, all
-on the socket the manager bound (the kernel hands each connection to one of them). The
-controller's work never takes a worker's GIL; admissions use every core.
+cache fed by its own watch, its own certificate source and uvicorn server, all on the socket
+the manager bound (the kernel hands each connection to one of them). The controller's work
+never takes a worker's GIL; admissions use every core. Events are the exception: a worker
+forwards them to the manager's recorder over its pipe (the manager's caches resolve objects
+being created without an API call, and repeats from all workers aggregate together).
 
 The manager's side (`AdmissionWorkers`): it starts `count` workers (default: the container's CPU
 limit, rounded up), reports ready only when every worker is (each reports its readiness over a
@@ -22,6 +24,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -33,18 +36,22 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import REGISTRY, multiprocess
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controller.options import RunOptions
+from controller.runtime.events import MAX_MESSAGE, EventRecorder, PendingEvent, object_reference
 from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.admission.readiness import NotReady
 from webhook.admission.server import ServerOptions, bind
 from webhook.inject_handler import INJECTIONS_TOTAL
 
 log = logging.getLogger("lumigo.webhook.workers")
+
+JSON = dict[str, Any]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # What workers measure, shown on the manager's /metrics instead of its own (idle) copies.
@@ -86,9 +93,10 @@ class _Worker:
 class AdmissionWorkers:
     """`count` admission worker processes on one socket, supervised by the manager process."""
 
-    def __init__(self, opts: RunOptions, count: int) -> None:
+    def __init__(self, opts: RunOptions, count: int, recorder: EventRecorder) -> None:
         self.opts = opts
         self.count = count
+        self.recorder = recorder
         self.restarts = 0
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: dict[int, _Worker] = {}
@@ -199,11 +207,14 @@ class AdmissionWorkers:
 
     def _receive(self, worker: _Worker) -> None:
         try:
-            ready, reason = worker.conn.recv()
+            kind, payload = worker.conn.recv()
         except (EOFError, OSError):
             worker.ready, worker.reason = False, "exited"
             return
-        worker.ready, worker.reason = bool(ready), str(reason)
+        if kind == "event":
+            self.recorder.record(payload)
+        elif kind == "ready":
+            worker.ready, worker.reason = bool(payload[0]), str(payload[1])
 
     def _exited(self, worker: _Worker) -> None:
         with self._lock:
@@ -311,6 +322,57 @@ def _show_worker_metrics(directory: str) -> None:
 # --- the worker process ---------------------------------------------------------------------------
 
 
+class _Channel:
+    """The worker's end of its pipe, shared by the threads that write to it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[str, object]) -> bool:
+        try:
+            with self._lock:
+                self.conn.send(message)
+        except (OSError, EOFError, ValueError):
+            return False  # the manager is gone: the status thread stops this worker
+        return True
+
+
+class ForwardedEvents:
+    """A worker's event recorder: its events go to the manager's recorder, whose caches find
+    the objects being created without an API call, and where repeats from every worker are
+    aggregated (and rate-limited) together. Never blocks an admission: a full queue drops."""
+
+    def __init__(self, channel: _Channel, max_queue: int = 2000) -> None:
+        self._channel = channel
+        self._queue: queue.Queue[PendingEvent | None] = queue.Queue(max_queue)
+        self._thread: threading.Thread | None = None
+        self.dropped = 0
+
+    def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
+        pending = PendingEvent(object_reference(obj), type, reason, message[:MAX_MESSAGE],
+                               component)  # fmt: skip
+        try:
+            self._queue.put_nowait(pending)
+        except queue.Full:
+            self.dropped += 1
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="event-forwarder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+    def _run(self) -> None:
+        while (pending := self._queue.get()) is not None:
+            if not self._channel.send(("event", pending)):
+                return
+
+
 def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
                      conn: Connection) -> None:  # fmt: skip
     """A worker's main: the admission side of the operator, on the manager's socket."""
@@ -320,7 +382,6 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
         check_ready,
         lumigo_informer,
     )
-    from controller.runtime.events import EventRecorder  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
     from controller.runtime.logs import setup_logging  # noqa: PLC0415
     from controller.runtime.manager import Manager, ManagerOptions, Runnable  # noqa: PLC0415
@@ -337,10 +398,9 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
         ),
     )
     lumigoes = lumigo_informer(manager)
-    recorder = EventRecorder(client)
-    manager.add_runnable(
-        Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
-    )
+    channel = _Channel(conn)
+    recorder = ForwardedEvents(channel)
+    manager.add_runnable(Runnable("event-forwarder", recorder.start, recorder.stop))
     certificates = add_certificates(manager, client, opts)
     add_admission_server(manager, opts, lumigoes=lumigoes, recorder=recorder,
                          tls=certificates.tls, listener=listener)  # fmt: skip
@@ -355,8 +415,7 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
             except NotReady as err:
                 now = (False, str(err))
             try:
-                if now != last:
-                    conn.send(now)
+                if now != last and channel.send(("ready", now)):
                     last = now
                 if conn.poll(_STATUS_INTERVAL):
                     conn.recv()  # the manager sends nothing: this is its end closing

@@ -154,7 +154,7 @@ def _add_webhook(
         add_admission_server(manager, opts, lumigoes=lumigoes, recorder=recorder,
                              tls=certificates.tls)  # fmt: skip
     else:
-        pool = AdmissionWorkers(opts, workers)
+        pool = AdmissionWorkers(opts, workers, recorder)
         manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,
                                       healthy=pool.healthy))  # fmt: skip
         manager.probes.readyz["webhook-server"] = pool.ready

@@ -59,6 +59,39 @@ class _Unresolved:
     delay: float
 
 
+class SpamFilter:
+    """client-go's EventSourceObjectSpamFilter: per source, object, type, reason and message, a
+    burst of 25 events, then one per 5 minutes; the rest are dropped. The same admission
+    repeated thousands of times a second (a controller in a hot loop, a benchmark) costs the API
+    server 25 writes, not thousands."""
+
+    def __init__(self, burst: float = 25.0, per_second: float = 1 / 300, size: int = 4096) -> None:
+        self.burst = burst
+        self.per_second = per_second
+        self.size = size
+        self._buckets: collections.OrderedDict[tuple[str, ...], tuple[float, float]] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()
+
+    def allow(self, pending: PendingEvent) -> bool:
+        ref = pending.involved
+        key = (
+            pending.component, str(ref.get("kind", "")), str(ref.get("namespace", "")),
+            str(ref.get("name", "")), str(ref.get("uid", "")), str(ref.get("apiVersion", "")),
+            pending.type, pending.reason, pending.message,
+        )  # fmt: skip
+        now = time.monotonic()
+        with self._lock:
+            tokens, then = self._buckets.pop(key, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - then) * self.per_second)
+            allowed = tokens >= 1.0
+            self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
+            while len(self._buckets) > self.size:
+                self._buckets.popitem(last=False)
+        return allowed
+
+
 def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -100,20 +133,40 @@ class EventRecorder:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._instance = socket.gethostname()
+        self._spam = SpamFilter()
+        self._drop_lock = threading.Lock()
+        self._drop_logged_at = -60.0
+        self._drops_logged = 0
         self.dropped = 0
 
     # -- recording (any thread) ----------------------------------------------------------------
     def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
+        self.record(
+            PendingEvent(object_reference(obj), type, reason, message[:MAX_MESSAGE], component)
+        )
+
+    def record(self, pending: PendingEvent) -> None:
+        """Queue an event built elsewhere (an admission worker process forwards its own)."""
         if self._stopping.is_set():
             return
-        pending = PendingEvent(
-            object_reference(obj), type, reason, message[:MAX_MESSAGE], component
-        )
+        if not self._spam.allow(pending):
+            self._dropping("repeated too often (client-go's spam filter)", pending.reason)
+            return
         try:
             self._queue.put_nowait(pending)
         except queue.Full:
+            self._dropping("the event queue is full", pending.reason)
+
+    def _dropping(self, why: str, reason: str) -> None:
+        """Count a dropped event; say so at most once a minute (a storm must not flood logs)."""
+        with self._drop_lock:
             self.dropped += 1
-            log.warning("event queue full, dropping event", extra={"reason": reason})
+            now = time.monotonic()
+            if now - self._drop_logged_at < 60.0:
+                return
+            self._drop_logged_at = now
+            count, self._drops_logged = self.dropped - self._drops_logged, self.dropped
+        log.warning("dropping events", extra={"why": why, "reason": reason, "dropped": count})
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:

@@ -22,6 +22,7 @@ from localoperator import OperatorProcess
 from tests.support import reviews
 from tests.support.checks import TOKEN, is_active, lumigo_yaml
 from tests.support.lumigo import create_token_secret
+from tests.support.webhook_server import peer_fingerprint
 
 INJECT = "/v1alpha1/inject"
 
@@ -43,12 +44,16 @@ def worker_pids(parent: int) -> list[int]:
     return sorted(found)
 
 
-def alive(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """R, S, T (stopped), Z (a zombie) ...; "" when there is no such process."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
-        return False
-    return state != "Z"
+        return ""
+
+
+def alive(pid: int) -> bool:
+    return process_state(pid) not in ("", "Z")
 
 
 def webhook_context(kube: KubeClient, op: OperatorProcess) -> ssl.SSLContext:
@@ -88,6 +93,9 @@ def stopped(pid: int) -> Iterator[None]:
     """The process cannot accept connections meanwhile: the others get them all."""
     os.kill(pid, signal.SIGSTOP)
     try:
+        # Stopped for real before anyone connects (else it may still accept one and then sit
+        # on it): the kernel shows the state as T.
+        wait_until(lambda: process_state(pid) == "T", 10, "the process to stop")
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -169,6 +177,48 @@ def test_unready_while_a_worker_is_missing(
         assert status != 200
         assert "[-]webhook-server failed: admission worker 0" in text
     wait_until(lambda: operator.probe("/readyz")[0] == 200, 60, "ready again")
+
+
+def test_each_worker_serves_a_renewed_certificate_without_restarting(
+    cluster: LocalCluster, kube: KubeClient, crd: Path
+) -> None:
+    """The leader renews the serving certificate (here every ~10 s: 40 s validity, renewed 30 s
+    before expiry); every worker swaps it in from its own watch of the Secret, for new
+    connections, while an open keep-alive connection keeps the one it started with."""
+    renewing = ("--webhook-workers=2", "--cert-validity=40s", "--cert-lookahead=30s",
+                "--cert-check-interval=1s")  # fmt: skip
+    op = OperatorProcess(cluster, kube, extra_args=renewing).setup()
+    try:
+        op.start().wait_ready()
+        assert op.proc is not None
+        workers = worker_pids(op.proc.pid)
+        context = webhook_context(kube, op)
+        body = reviews.body_of(reviews.review(reviews.deployment("shop", "default")))
+        kept = reviews.Client(op.webhook_port, context)
+        try:
+            assert kept.post(INJECT, body)[0] == 200
+            assert kept.conn.sock is not None
+            first = peer_fingerprint(kept.conn.sock)  # type: ignore[arg-type]
+
+            def renewed() -> bool:
+                client = reviews.Client(op.webhook_port, context, timeout=10)
+                try:
+                    assert client.post(INJECT, body)[0] == 200
+                    assert client.conn.sock is not None
+                    return peer_fingerprint(client.conn.sock) != first  # type: ignore[arg-type]
+                finally:
+                    client.close()
+
+            for serving, paused in ((workers[0], workers[1]), (workers[1], workers[0])):
+                with stopped(paused):
+                    wait_until(renewed, 60, f"worker {serving} to serve a renewed certificate")
+            assert kept.post(INJECT, body)[0] == 200  # the open connection was not dropped
+            assert peer_fingerprint(kept.conn.sock) == first  # type: ignore[arg-type]
+        finally:
+            kept.close()
+        assert worker_pids(op.proc.pid) == workers  # swapped in place, no restart
+    finally:
+        op.teardown()
 
 
 def test_no_worker_outlives_the_manager(
