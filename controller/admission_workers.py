@@ -38,12 +38,18 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY, multiprocess
+from prometheus_client import REGISTRY, Counter, multiprocess
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controller.options import RunOptions
-from controller.runtime.events import MAX_MESSAGE, EventRecorder, PendingEvent, object_reference
+from controller.runtime.events import (
+    MAX_MESSAGE,
+    EventRecorder,
+    PendingEvent,
+    SpamFilter,
+    object_reference,
+)
 from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.admission.readiness import NotReady
 from webhook.admission.server import ServerOptions, bind
@@ -56,6 +62,10 @@ JSON = dict[str, Any]
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # What workers measure, shown on the manager's /metrics instead of its own (idle) copies.
 WORKER_METRICS = (REQUESTS_TOTAL, LATENCY_SECONDS, REQUESTS_IN_FLIGHT, INJECTIONS_TOTAL)
+WORKER_RESTARTS = Counter(
+    "lumigo_webhook_worker_restarts_total",
+    "Admission worker processes started again after they exited.",
+)
 _STATUS_INTERVAL = 0.25
 _BACKOFF = (1.0, 30.0)
 _STABLE_AFTER = 60.0  # a worker up this long starts the next restart's backoff over
@@ -97,7 +107,6 @@ class AdmissionWorkers:
         self.opts = opts
         self.count = count
         self.recorder = recorder
-        self.restarts = 0
         self._ctx = multiprocessing.get_context("spawn")
         self._workers: dict[int, _Worker] = {}
         self._lock = threading.Lock()
@@ -119,6 +128,7 @@ class AdmissionWorkers:
         self._supervisor = threading.Thread(target=self._supervise, name="webhook-workers",
                                             daemon=True)  # fmt: skip
         self._supervisor.start()
+        _yield_to_workers(keep=self._supervisor)
         port = self._listener.getsockname()[1]
         log.info("admission workers started", extra={"workers": self.count, "port": port})
 
@@ -149,16 +159,6 @@ class AdmissionWorkers:
         log.info("admission workers stopped")
 
     # -- probes ---------------------------------------------------------------------------------
-    @property
-    def port(self) -> int:
-        if self._listener is None:
-            raise RuntimeError("the admission workers are not started")
-        return int(self._listener.getsockname()[1])
-
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [w.process.pid for w in self._workers.values() if w.process.pid is not None]
-
     def ready(self) -> None:
         """For /readyz: every worker is up, listening, with a certificate and a synced cache."""
         if self._listener is None or self._stopping.is_set():
@@ -243,8 +243,26 @@ class AdmissionWorkers:
         for index, when in list(self._restart_at.items()):
             if when <= now and not self._stopping.is_set():
                 del self._restart_at[index]
-                self.restarts += 1
+                WORKER_RESTARTS.inc()
                 self._spawn(index)
+
+
+MANAGER_NICENESS = 5  # the manager's threads, relative to the admission workers' (0)
+
+
+def _yield_to_workers(keep: threading.Thread) -> None:
+    """Lower the priority of this process's threads (informers, reconcilers, the event poster)
+    below the workers', except `keep` (which starts workers: a child inherits its parent
+    thread's niceness). In the pod's CPU share the scheduler then runs an admission before the
+    controller's background work; threads started later inherit their creator's niceness.
+    Raising one's own niceness needs no privilege."""
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        if tid == keep.native_id:
+            continue
+        with contextlib.suppress(OSError):
+            current = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, max(current, MANAGER_NICENESS))
 
 
 _METRICS_PREFIX = "lumigo-webhook-metrics-"
@@ -345,6 +363,7 @@ class ForwardedEvents:
 
     def __init__(self, channel: _Channel, max_queue: int = 2000) -> None:
         self._channel = channel
+        self._spam = SpamFilter()  # repeats stop here, before they cost the pipe and the manager
         self._queue: queue.Queue[PendingEvent | None] = queue.Queue(max_queue)
         self._thread: threading.Thread | None = None
         self.dropped = 0
@@ -352,6 +371,9 @@ class ForwardedEvents:
     def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
         pending = PendingEvent(object_reference(obj), type, reason, message[:MAX_MESSAGE],
                                component)  # fmt: skip
+        if not self._spam.allow(pending):
+            self.dropped += 1
+            return
         try:
             self._queue.put_nowait(pending)
         except queue.Full:

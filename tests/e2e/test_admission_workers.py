@@ -161,6 +161,7 @@ def test_a_worker_that_dies_is_restarted(
     for i in range(4):
         assert admit(operator.webhook_port, context, "default", f"after-{i}")["allowed"] is True
     assert "admission worker exited; restarting it" in operator.log_tail(400)
+    assert "lumigo_webhook_worker_restarts_total 1.0" in operator.probe("/metrics")[1]
 
 
 def test_unready_while_a_worker_is_missing(
