@@ -185,7 +185,12 @@ class AdmissionWorkers:
             args=(self.opts, index, self._listener, theirs),
             name=f"webhook-worker-{index}",
         )
-        with _environment(MULTIPROC_ENV, self._metrics_dir):
+        # UV_TCP_SINGLE_ACCEPT: libuv accepts one connection per wake-up and yields, so a burst
+        # of new connections is spread over the workers instead of taken by the first awake.
+        with (
+            _environment(MULTIPROC_ENV, self._metrics_dir),
+            _environment("UV_TCP_SINGLE_ACCEPT", "1"),
+        ):
             process.start()
         theirs.close()
         with self._lock:
