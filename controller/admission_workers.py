@@ -43,13 +43,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controller.options import RunOptions
-from controller.runtime.events import (
-    MAX_MESSAGE,
-    EventRecorder,
-    PendingEvent,
-    SpamFilter,
-    object_reference,
-)
+from controller.runtime import events
 from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.admission.readiness import NotReady
 from webhook.admission.server import ServerOptions, bind
@@ -103,7 +97,7 @@ class _Worker:
 class AdmissionWorkers:
     """`count` admission worker processes on one socket, supervised by the manager process."""
 
-    def __init__(self, opts: RunOptions, count: int, recorder: EventRecorder) -> None:
+    def __init__(self, opts: RunOptions, count: int, recorder: events.EventRecorder) -> None:
         self.opts = opts
         self.count = count
         self.recorder = recorder
@@ -368,14 +362,15 @@ class ForwardedEvents:
 
     def __init__(self, channel: _Channel, max_queue: int = 2000) -> None:
         self._channel = channel
-        self._spam = SpamFilter()  # repeats stop here, before they cost the pipe and the manager
-        self._queue: queue.Queue[PendingEvent | None] = queue.Queue(max_queue)
+        # Repeats stop here, before they cost the pipe and the manager.
+        self._spam = events.SpamFilter()
+        self._queue: queue.Queue[events.PendingEvent | None] = queue.Queue(max_queue)
         self._thread: threading.Thread | None = None
         self.dropped = 0
 
     def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
-        pending = PendingEvent(object_reference(obj), type, reason, message[:MAX_MESSAGE],
-                               component)  # fmt: skip
+        reference, text = events.object_reference(obj), message[: events.MAX_MESSAGE]
+        pending = events.PendingEvent(reference, type, reason, text, component)
         if not self._spam.allow(pending):
             self.dropped += 1
             return

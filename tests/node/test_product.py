@@ -155,7 +155,8 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
     lines = product.kubectl("logs", "-n", OPERATOR_NS, manager["metadata"]["name"]).splitlines()
     records = [json.loads(line) for line in lines if line.startswith("{")]
     started = [r for r in records if r.get("msg") == "admission workers started"]
-    assert started and started[0]["workers"] == 1, lines[-20:]
+    assert started, lines[-20:]
+    assert started[0]["workers"] == 1
     assert any(r.get("msg") == "admission worker starting" for r in records)
 
 
