@@ -125,6 +125,7 @@ class BoundedProtocol(HttpToolsProtocol):
                 transport.abort()
                 return
             limits.evicted += 1
+            limits.idle.pop(victim, None)  # not chosen again before its connection_lost
             victim.transport.abort()
         self._mark_idle()
         self.timeout_keep_alive_task = self.loop.call_later(
