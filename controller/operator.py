@@ -74,6 +74,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
             leader_election_id=opts.leader_election_id,
             health_probe_bind_address=opts.health_probe_bind_address,
             metrics_bind_address=opts.metrics_bind_address,
+            shutdown_delay=opts.shutdown_delay,
         ),
     )
     lumigoes = lumigo_informer(manager)

@@ -69,6 +69,7 @@ class RunOptions:
     ca_lookahead: float = 90 * 86400.0
     cert_lookahead: float = 30 * 86400.0
     cert_check_interval: float = 3600.0
+    shutdown_delay: float = 5.0
     injector_image: str = constants.DEFAULT_INJECTOR_IMAGE
     injector_pull_policy: str = constants.DEFAULT_INJECTOR_PULL_POLICY
     telemetry_proxy_endpoint: str = constants.DEFAULT_TELEMETRY_PROXY_SERVICE
@@ -186,6 +187,14 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     a("--ca-lookahead", type=parse_duration, default=d.ca_lookahead)
     a("--cert-lookahead", type=parse_duration, default=d.cert_lookahead)
     a("--cert-check-interval", type=parse_duration, default=d.cert_check_interval)
+    a(
+        "--shutdown-delay",
+        type=parse_duration,
+        default=_env("LUMIGO_SHUTDOWN_DELAY", f"{d.shutdown_delay}s"),  # through `type`
+        help="after SIGTERM, report not ready and keep serving this long before stopping, so "
+        "that admissions still routed to this pod succeed; 0 when not behind a Service "
+        "[LUMIGO_SHUTDOWN_DELAY]",
+    )
     a("--injector-image", default=_env("LUMIGO_INJECTOR_IMAGE", d.injector_image))
     a(
         "--injector-pull-policy",

@@ -153,6 +153,7 @@ class OperatorProcess:
             f"--operator-version={self.operator_version}",
             f"--resync-period={self.resync_period}",
             f"--log-level={self.log_level}",
+            "--shutdown-delay=0",  # a host process: no Service routes to it
             *self.extra_args,
         ]
 

@@ -262,6 +262,9 @@ class ManagerOptions:
     metrics_bind_address: str = ":8080"
     cache_sync_timeout: float = 120.0
     graceful_shutdown_timeout: float = 30.0
+    # Seconds between SIGTERM and the start of the shutdown: the pod is not ready and everything
+    # keeps serving meanwhile, so that a Service stops sending it connections before they fail.
+    shutdown_delay: float = 0.0
     identity: str | None = None
     on_lost_leadership: Callable[[], None] | None = None
 
@@ -426,6 +429,7 @@ class Manager:
             if self._stopped.is_set():
                 return
             self._stopped.set()
+        self._delay_shutdown()
         timeout = self.options.graceful_shutdown_timeout
         deadline = time.monotonic() + timeout
         for controller in self._controllers:
@@ -446,12 +450,30 @@ class Manager:
         if self.metrics_server is not None:
             self.metrics_server.stop()
 
+    def _delay_shutdown(self) -> None:
+        """Not ready at once, still serving for `shutdown_delay` seconds.
+
+        A terminating pod leaves its Service's endpoints a moment later on every node (kube-proxy,
+        the API server's own service routing): a webhook that closed its port at SIGTERM would
+        refuse the admissions still sent to it meanwhile, and with `failurePolicy: Ignore` a
+        workload created during a rollout of the operator would go uninstrumented.
+        """
+        delay = self.options.shutdown_delay
+        if delay <= 0:
+            return
+        self.probes.readyz["shutdown"] = _shutting_down
+        log.info("not ready; serving on until the pod has left its Service's endpoints",
+                 extra={"seconds": delay})  # fmt: skip
+        time.sleep(delay)
+
     def run(self) -> int:
         """Start, block until SIGTERM/SIGINT, stop. Returns the process exit code."""
         done = threading.Event()
 
         def on_signal(signum: int, _frame: object) -> None:
             log.info("signal received, shutting down", extra={"signal": signum})
+            if signum == signal.SIGINT:  # someone at a terminal, not the kubelet: no delay
+                self.options.shutdown_delay = 0.0
             done.set()
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -460,6 +482,10 @@ class Manager:
         done.wait()
         self.stop()
         return 0
+
+
+def _shutting_down() -> None:
+    raise CheckFailed("shutting down")
 
 
 def _exit_on_lost_leadership() -> None:

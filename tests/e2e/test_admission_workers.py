@@ -242,3 +242,27 @@ def test_sigterm_stops_the_workers_gracefully(
     assert operator.proc.wait(40) == 0
     assert not any(alive(pid) for pid in workers)
     assert "admission workers stopped" in operator.log_tail(200)
+
+
+def test_after_sigterm_the_webhook_serves_on_while_not_ready_for_the_shutdown_delay(
+    cluster: LocalCluster, kube: KubeClient, crd: Path
+) -> None:
+    """A pod leaves its Service's endpoints a moment after SIGTERM: until then admissions still
+    reach it, and must be answered, not refused (with `failurePolicy: Ignore` a refused one is a
+    workload created uninstrumented during an upgrade of the operator)."""
+    op = OperatorProcess(cluster, kube, extra_args=("--webhook-workers=2",
+                                                    "--shutdown-delay=4s")).setup()  # fmt: skip
+    try:
+        op.start().wait_ready()
+        assert op.proc is not None
+        context = webhook_context(kube, op)
+        os.kill(op.proc.pid, signal.SIGTERM)
+        wait_until(lambda: op.probe("/readyz")[0] == 500, 3, "/readyz to fail at once")
+        assert "shutting down" in op.probe("/readyz?verbose")[1]
+        for attempt in range(3):  # new connections, to every worker, while not ready
+            assert admit(op.webhook_port, context, "default", f"late-{attempt}")["allowed"]
+        assert op.proc.poll() is None
+        assert op.proc.wait(40) == 0
+        assert "admission workers stopped" in op.log_tail(200)
+    finally:
+        op.teardown()

@@ -11,8 +11,10 @@ bridge address: the proxy pod reaches the node, never anything off the machine.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
+import threading
 import time
 import urllib.request
 import uuid
@@ -727,6 +729,30 @@ def test_the_sink_down_for_60_s_leaves_the_apps_answering_and_the_spans_arrive_a
     wait_for(lambda: delivered() == set(sent), 180, "the spans sent during the outage")
 
 
+@contextlib.contextmanager
+def admissions_meanwhile(product: Product) -> Iterator[list[bool]]:
+    """Create a traced Deployment again and again (dry-run on the server: the webhook runs,
+    nothing is stored) while the block runs; the list says, for each, whether it was injected."""
+    admitted: list[bool] = []
+    done = threading.Event()
+    body = json.dumps(deployment("during-upgrade", product.images["python-app"]))
+
+    def create() -> None:
+        while not done.is_set():
+            out = product.kubectl("create", "--dry-run=server", "-o", "json", "-n", APPS_NS,
+                                  "-f", "-", input=body)  # fmt: skip
+            admitted.append(is_injected(json.loads(out)))
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=create, daemon=True)
+    thread.start()
+    try:
+        yield admitted
+    finally:
+        done.set()
+        thread.join(30)
+
+
 def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_and_lumigoes(
     product: Product, original_specs: dict[str, JSON], tmp_path: Path
 ) -> None:
@@ -742,10 +768,23 @@ def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_a
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     meta["version"] = f"{meta['version']}-upgrade"
     (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    product.release.helm(
-        "upgrade", RELEASE, str(chart), "--reuse-values", "--wait", "--timeout", "180s",
-        "--set", "controllerManager.podAnnotations.upgraded=yes",
-    )  # fmt: skip
+    with admissions_meanwhile(product) as admitted:
+        product.release.helm(
+            "upgrade", RELEASE, str(chart), "--reuse-values", "--wait", "--timeout", "180s",
+            "--set", "controllerManager.podAnnotations.upgraded=yes",
+        )  # fmt: skip
+
+        # Until the old manager is gone: it is terminating while kube-proxy still routes to it.
+        def one_manager_left() -> bool:
+            pods = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)
+            return len(pods["items"]) == 1
+
+        wait_until(one_manager_left, 60, "the old manager pod gone")
+        time.sleep(2)
+    # Every workload created during the rollout was instrumented by one manager or the other.
+    assert len(admitted) >= 5
+    missed = admitted.count(False)
+    assert not missed, f"{missed} of {len(admitted)} created during the rollout not injected"
 
     def new_manager_ready() -> bool:
         pods = product.pods(OPERATOR_NS, MANAGER_SELECTOR)
