@@ -89,6 +89,14 @@ DEFAULT_INJECTOR_IMAGE: Final = f"{INJECTOR_IMAGE_REPOSITORY}:v{__version__}"
 DEFAULT_INJECTOR_PULL_POLICY: Final = "IfNotPresent"
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 DEFAULT_INIT_CONTAINER_UID: Final = 1234
+# How the payload reaches a pod: copied by the init container into an emptyDir, or the autotrace
+# image mounted read-only as an `image` volume (KEP-4639: Kubernetes >= 1.35, containerd >= 2.2
+# or CRI-O >= 1.33 for the subPath), with no copy and no init container.
+INJECTION_MODE_INIT_CONTAINER: Final = "init-container"
+INJECTION_MODE_IMAGE_VOLUME: Final = "image-volume"
+INJECTION_MODES: Final = (INJECTION_MODE_INIT_CONTAINER, INJECTION_MODE_IMAGE_VOLUME)
+INJECTION_MODE_AUTO: Final = "auto"  # image-volume where the whole cluster supports it
+PAYLOAD_IMAGE_PATH: Final = "payload"  # where the autotrace image keeps the payload
 
 ENV_LD_PRELOAD: Final = "LD_PRELOAD"
 ENV_TRACER_TOKEN: Final = "LUMIGO_TRACER_TOKEN"

@@ -9,10 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from api import constants
+from controller.lumigo.injection_mode import AutoInjectionMode
+from controller.lumigo.nodes import node_informer
 from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
 from controller.runtime.informer import Informer, Selection
@@ -51,12 +54,30 @@ class SyncedLister:
 
 
 def injection_settings(opts: RunOptions) -> InjectionSettings:
+    """The settings of every injection; with `auto`, in the init-container mode that
+    `add_injection_mode` switches per admission."""
+    auto = opts.injection_mode == constants.INJECTION_MODE_AUTO
     return InjectionSettings(
         operator_version=opts.operator_version,
         injector_image=opts.injector_image,
         injector_pull_policy=opts.injector_pull_policy,
+        injection_mode=constants.INJECTION_MODE_INIT_CONTAINER if auto else opts.injection_mode,
         telemetry_proxy_endpoint=opts.telemetry_proxy_endpoint,
     )
+
+
+def add_injection_mode(
+    manager: Manager, client: KubeClient, opts: RunOptions
+) -> Callable[[], str] | None:
+    """With `--injection-mode=auto`, what tells the current mode (from the Node cache and one
+    dry-run); None when the mode is fixed."""
+    if opts.injection_mode != constants.INJECTION_MODE_AUTO:
+        return None
+    auto = AutoInjectionMode(client, node_informer(manager), opts.namespace,
+                             opts.injector_image, opts.injector_pull_policy)  # fmt: skip
+    manager.add_runnable(Runnable("injection-mode", auto.start, auto.stop))
+    manager.probes.readyz["injection-mode"] = auto.ready
+    return auto.mode
 
 
 def lumigo_informer(manager: Manager) -> Informer:
@@ -115,19 +136,27 @@ def certificate_policy(opts: RunOptions) -> CertPolicy:
     )
 
 
+def inject_handler(
+    opts: RunOptions,
+    lumigoes: Informer,
+    recorder: events.EventRecorder,
+    injection_mode: Callable[[], str] | None,
+) -> InjectHandler:
+    """The injector route's handler, answering from `lumigoes` once it has synced."""
+    settings = injection_settings(opts)
+    return InjectHandler(SyncedLister(lumigoes), recorder, settings, injection_mode=injection_mode)
+
+
 def add_admission_server(
     manager: Manager,
     opts: RunOptions,
     *,
-    lumigoes: Informer,
-    recorder: events.EventRecorder,
+    inject: InjectHandler,
     tls: ServingTLS,
     listener: socket.socket | None = None,
 ) -> AdmissionServer:
     """The HTTPS server of the two admission routes, started and stopped by `manager`."""
-    lister = SyncedLister(lumigoes)
-    settings = injection_settings(opts)
-    routes = admission_routes(InjectHandler(lister, recorder, settings), MutateHandler(lister))
+    routes = admission_routes(inject, MutateHandler(inject.lumigoes))
     server = AdmissionServer(
         routes,
         tls,

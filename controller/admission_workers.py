@@ -401,7 +401,9 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
     from controller.admission import (  # noqa: PLC0415 - the worker's own imports
         add_admission_server,
         add_certificates,
+        add_injection_mode,
         check_ready,
+        inject_handler,
         lumigo_informer,
     )
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
@@ -424,8 +426,8 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
     recorder = ForwardedEvents(channel)
     manager.add_runnable(Runnable("event-forwarder", recorder.start, recorder.stop))
     certificates = add_certificates(manager, client, opts)
-    add_admission_server(manager, opts, lumigoes=lumigoes, recorder=recorder,
-                         tls=certificates.tls, listener=listener)  # fmt: skip
+    inject = inject_handler(opts, lumigoes, recorder, add_injection_mode(manager, client, opts))
+    add_admission_server(manager, opts, inject=inject, tls=certificates.tls, listener=listener)
 
     def report() -> None:
         """Readiness to the manager when it changes; SIGTERM ourselves if the manager is gone."""

@@ -8,13 +8,18 @@ telemetry-proxy configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from api import constants
+from api.lumigo import LumigoSpec
 from controller.admission import (
     add_admission_server,
     add_certificates,
+    add_injection_mode,
+    inject_handler,
     injection_settings,
     lumigo_informer,
 )
@@ -40,6 +45,7 @@ from controller.telemetry.provider_id import add_node_provider_ids
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
 from webhook import events
 from webhook.admission.cert_manager import CertWriter
+from webhook.mutation import InjectionSettings
 
 log = logging.getLogger("lumigo.operator")
 
@@ -95,7 +101,9 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     )
 
     settings = injection_settings(opts)
-    _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder)
+    injection_mode = add_injection_mode(manager, client, opts)
+    _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder,
+                 injection_mode=injection_mode)  # fmt: skip
 
     component = events.controller_component(opts.operator_version)
     thresholds = Thresholds(restarts=opts.revert_restarts, unready_after=opts.revert_unready_after)
@@ -117,7 +125,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         lumigoes=lumigoes,
         workloads=workloads,
         instrumenter=instrumenter,
-        settings_for=settings.for_spec,
+        settings_for=_settings_for(settings, injection_mode),
         resync_period=opts.resync_period,
         error_requeue=opts.error_requeue,
         reverter=reverter,
@@ -143,17 +151,30 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     return manager
 
 
+def _settings_for(
+    settings: InjectionSettings, injection_mode: Callable[[], str] | None
+) -> Callable[[LumigoSpec], InjectionSettings]:
+    """The controller's settings for a Lumigo spec, in the current injection mode."""
+    if injection_mode is None:
+        return settings.for_spec
+
+    def for_spec(spec: LumigoSpec) -> InjectionSettings:
+        return dataclasses.replace(settings.for_spec(spec), injection_mode=injection_mode())
+
+    return for_spec
+
+
 def _add_webhook(
     manager: Manager, client: KubeClient, opts: RunOptions, *, lumigoes: Informer,
-    recorder: EventRecorder,
+    recorder: EventRecorder, injection_mode: Callable[[], str] | None,
 ) -> None:  # fmt: skip
     """Admission served here (`--webhook-workers=0`) or by worker processes; the certificate
     is watched here either way (readiness, expiry metrics) and written by the Lease holder."""
     certificates = add_certificates(manager, client, opts)
     workers = opts.webhook_workers if opts.webhook_workers >= 0 else default_worker_count()
     if workers == 0:
-        add_admission_server(manager, opts, lumigoes=lumigoes, recorder=recorder,
-                             tls=certificates.tls)  # fmt: skip
+        inject = inject_handler(opts, lumigoes, recorder, injection_mode)
+        add_admission_server(manager, opts, inject=inject, tls=certificates.tls)
     else:
         pool = AdmissionWorkers(opts, workers, recorder)
         manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,

@@ -72,6 +72,7 @@ class RunOptions:
     shutdown_delay: float = 5.0
     injector_image: str = constants.DEFAULT_INJECTOR_IMAGE
     injector_pull_policy: str = constants.DEFAULT_INJECTOR_PULL_POLICY
+    injection_mode: str = constants.INJECTION_MODE_AUTO
     telemetry_proxy_endpoint: str = constants.DEFAULT_TELEMETRY_PROXY_SERVICE
     leader_elect: bool = True
     leader_election_id: str = constants.LEADER_ELECTION_ID
@@ -201,6 +202,15 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         choices=constants.PULL_POLICIES,
         default=_env("LUMIGO_INJECTOR_PULL_POLICY", d.injector_pull_policy),
         help="the init container's imagePullPolicy [LUMIGO_INJECTOR_PULL_POLICY]",
+    )
+    a(
+        "--injection-mode",
+        choices=(constants.INJECTION_MODE_AUTO, *constants.INJECTION_MODES),
+        default=_env("LUMIGO_INJECTION_MODE", d.injection_mode),
+        help="init-container: copy the payload into an emptyDir; image-volume: mount the "
+        "injector image read-only (Kubernetes >= 1.35 with containerd >= 2.2 or CRI-O >= 1.33 "
+        "on every node); auto: image-volume when the API server and every node support it "
+        "[LUMIGO_INJECTION_MODE]",
     )
     a(
         "--telemetry-proxy-endpoint",

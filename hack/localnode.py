@@ -115,7 +115,9 @@ class Components:
         lines.append(
             f"coredns {_first_line([str(self.coredns), '-version'])} (built, {self.coredns})"
         )
-        for name in ("containerd", "runc", "containernetworking-plugins", "nftables"):
+        containerd = _first_line([str(self.containerd), "--version"])
+        lines.append(f"{containerd} (built, {self.containerd})")
+        for name in ("runc", "containernetworking-plugins", "nftables"):
             lines.append(f"{name} {_debian_version(name)} (Debian)")
         return lines
 
@@ -156,9 +158,7 @@ def find_components() -> tuple[Components | None, list[str]]:
         return Path(found)
 
     kubelet, kube_proxy, coredns = built("kubelet"), built("kube-proxy"), built("coredns")
-    containerd = debian("containerd", "containerd")
-    shim = debian("containerd-shim-runc-v2", "containerd")
-    ctr = debian("ctr", "containerd")
+    containerd, shim, ctr = built("containerd"), built("containerd-shim-runc-v2"), built("ctr")
     runc = debian("runc", "runc")
     nft = debian("nft", "nftables")
     ip = debian("ip", "iproute2")
@@ -345,7 +345,7 @@ def _kill_cgroup_tree(state: NodeState, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
-SHIM_SOCKET_DIR = Path("/run/containerd/s")  # fixed in containerd 1.6, whatever its state dir
+SHIM_SOCKET_DIR = Path("/run/containerd/s")  # fixed in containerd 1.6 and 2, whatever its state dir
 
 
 def _remove_shim_sockets(state: NodeState) -> None:
@@ -856,12 +856,17 @@ table inet {state.nft_table} {{
                 'server = "http://127.0.0.1:9"\n\n[host."http://127.0.0.1:9"]\n'
                 '  capabilities = ["pull", "resolve"]\n'
             )
-        config = f"""version = 2
+        # containerd 2's own (version 3) layout; nothing is imported from /etc/containerd, and
+        # NRI (a socket under /var/run) and the snapshotters the node does not use are off.
+        config = f"""version = 3
 root = "{self.workdir / "containerd"}"
 state = "{run / "containerd"}"
+imports = []
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+  "io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing"]
 
 [grpc]
   address = "{self.containerd_socket}"
@@ -874,30 +879,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "{self.workdir / "containerd" / "opt"}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{ociimage.PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{ociimage.PAUSE_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{certs}"
+[plugins."io.containerd.cri.v1.runtime"]
   # This VM withholds CAP_SYS_RESOURCE: a negative oom_score_adj fails inside runc.
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
   enable_selinux = false
   disable_apparmor = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{components.runc}"
         Root = "{run / "runc"}"
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{components.cni_dir}"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{components.cni_dir}"]
     conf_dir = "{self.workdir / "cni" / "net.d"}"
     max_conf_num = 1
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{certs}"
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 """
         path = self.workdir / "config" / "containerd.toml"
         path.write_text(config)

@@ -161,10 +161,13 @@ class InjectHandler:
         settings: InjectionSettings,
         *,
         max_namespace_series: int = MAX_NAMESPACE_SERIES,
+        injection_mode: Callable[[], str] | None = None,
     ) -> None:
         self.lumigoes = lumigoes
         self.recorder = recorder
         self.settings = settings
+        # Asked on every admission when the mode follows the cluster (--injection-mode=auto).
+        self.injection_mode = injection_mode
         self.component = events.webhook_component(settings.operator_version)
         self._max_namespaces = max_namespace_series
         self._namespaces: set[str] = set()
@@ -332,8 +335,14 @@ class InjectHandler:
 
     def _settings_for(self, source: _Source, obj: JSON) -> InjectionSettings:
         if source.reason == "lumigo":
-            return self._settings_for_spec(source.lumigo_spec)
-        return settings_from_labels(self.settings, _metadata(obj).get("labels") or {})
+            settings = self._settings_for_spec(source.lumigo_spec)
+        else:
+            settings = settings_from_labels(self.settings, _metadata(obj).get("labels") or {})
+        if self.injection_mode is not None:
+            mode = self.injection_mode()
+            if mode != settings.injection_mode:
+                settings = dataclasses.replace(settings, injection_mode=mode)
+        return settings
 
     def _settings_for_spec(self, spec: Any) -> InjectionSettings:
         """Loading a spec costs more than the rest of an admission: cache by content (a spec

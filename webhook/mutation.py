@@ -19,7 +19,9 @@ to show in events (they never contain a token value).
 
 What `inject` does (the reference's rules, then our fixes):
 - volume `lumigo-injector` (emptyDir, sizeLimit 200M) and init container `lumigo-injector`
-  (TARGET_DIRECTORY=/target, volume at /target) replaced in place by name, else appended;
+  (TARGET_DIRECTORY=/target, volume at /target) replaced in place by name, else appended; in
+  the image-volume mode instead, volume `lumigo-injector` is the autotrace image itself
+  (`image:`, mounted with subPath `payload`) and there is no init container (ours is dropped);
 - in every regular container (never init or ephemeral ones): the volume read-only at
   /opt/lumigo (matched by path) and 7 env vars in order, each replaced in place or appended:
   LD_PRELOAD, LUMIGO_TRACER_TOKEN (secretKeyRef, optional), LUMIGO_ENDPOINT,
@@ -151,6 +153,7 @@ class InjectionSettings:
     operator_version: str = "dev"
     injector_image: str = constants.DEFAULT_INJECTOR_IMAGE
     injector_pull_policy: str = constants.DEFAULT_INJECTOR_PULL_POLICY
+    injection_mode: str = constants.INJECTION_MODE_INIT_CONTAINER
     # Base URL of the telemetry proxy (TELEMETRY_PROXY_OTLP_SERVICE); /v1/traces and /v1/logs
     # are appended.
     telemetry_proxy_endpoint: str = constants.DEFAULT_TELEMETRY_PROXY_SERVICE
@@ -173,6 +176,11 @@ class InjectionSettings:
             raise ValueError(
                 f"invalid injector image pull policy {self.injector_pull_policy!r}: one of "
                 + ", ".join(constants.PULL_POLICIES)
+            )
+        if self.injection_mode not in constants.INJECTION_MODES:
+            raise ValueError(
+                f"invalid injection mode {self.injection_mode!r}: one of "
+                + ", ".join(constants.INJECTION_MODES)
             )
         if not self.telemetry_proxy_endpoint.startswith(("http://", "https://")):
             raise ValueError(
@@ -445,19 +453,25 @@ def container_selection(obj: Mapping[str, Any], kind: str | None = None) -> cont
 
 
 def _inject_pod_spec(pod_spec: JSON, settings: InjectionSettings, traced: frozenset[str]) -> None:
-    volume = {
-        "name": constants.INJECTOR_VOLUME,
-        "emptyDir": {"sizeLimit": constants.INJECTOR_VOLUME_SIZE_LIMIT},
-    }
-    _upsert(_list(pod_spec, "volumes"), "name", volume)
-    init_containers = _list(pod_spec, "initContainers")
-    existing = _find(init_containers, "name", constants.INJECTOR_INIT_CONTAINER)
-    _upsert(init_containers, "name", _init_container(pod_spec, settings, existing))
     mount = {
         "name": constants.INJECTOR_VOLUME,
         "readOnly": True,
         "mountPath": constants.LUMIGO_MOUNT_PATH,
     }
+    if settings.injection_mode == constants.INJECTION_MODE_IMAGE_VOLUME:
+        image = {"reference": settings.injector_image, "pullPolicy": settings.injector_pull_policy}
+        volume: JSON = {"name": constants.INJECTOR_VOLUME, "image": image}
+        mount["subPath"] = constants.PAYLOAD_IMAGE_PATH
+        _drop(pod_spec, "initContainers", _is_our_init_container)  # switched from the copy
+    else:
+        volume = {
+            "name": constants.INJECTOR_VOLUME,
+            "emptyDir": {"sizeLimit": constants.INJECTOR_VOLUME_SIZE_LIMIT},
+        }
+        init_containers = _list(pod_spec, "initContainers")
+        existing = _find(init_containers, "name", constants.INJECTOR_INIT_CONTAINER)
+        _upsert(init_containers, "name", _init_container(pod_spec, settings, existing))
+    _upsert(_list(pod_spec, "volumes"), "name", volume)
     for container in pod_spec.get("containers") or []:
         if container["name"] not in traced:  # left out (again, or since): nothing of ours
             _drop(container, "volumeMounts", _is_our_mount)
@@ -674,7 +688,9 @@ def _is_our_mount(mount: JSON) -> bool:
 
 
 def _is_our_volume(volume: JSON) -> bool:
-    return volume.get("name") == constants.INJECTOR_VOLUME and "emptyDir" in volume
+    return volume.get("name") == constants.INJECTOR_VOLUME and (
+        "emptyDir" in volume or "image" in volume
+    )
 
 
 def _is_our_init_container(container: JSON) -> bool:

@@ -25,8 +25,13 @@ class Thresholds:
 
 
 def is_instrumented_pod(pod: Mapping[str, Any]) -> bool:
-    inits = (pod.get("spec") or {}).get("initContainers") or []
-    return any(c.get("name") == constants.INJECTOR_INIT_CONTAINER for c in inits)
+    """Our init container, or our payload volume (the autotrace image in image-volume mode)."""
+    spec = pod.get("spec") or {}
+    inits = spec.get("initContainers") or []
+    volumes = spec.get("volumes") or []
+    return any(c.get("name") == constants.INJECTOR_INIT_CONTAINER for c in inits) or any(
+        v.get("name") == constants.INJECTOR_VOLUME for v in volumes
+    )
 
 
 def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

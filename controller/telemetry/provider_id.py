@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.constants import ANNOTATION_PROVIDER_ID
-from controller.runtime.informer import Informer, Selection, metadata_projection
+from controller.lumigo.nodes import annotated, node_informer, provider_id, view
+from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, Result
 from controller.runtime.resources import NODES, ApiError
@@ -31,34 +32,6 @@ log = logging.getLogger("lumigo.telemetry")
 JSON = dict[str, Any]
 
 
-def provider_id(node: JSON | None) -> str | None:
-    return ((node or {}).get("spec") or {}).get("providerID") or None
-
-
-def annotated(node: JSON | None) -> str | None:
-    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(ANNOTATION_PROVIDER_ID)
-    return str(value) if value is not None else None
-
-
-def _project(node: JSON) -> JSON:
-    """What the controller reads of a Node: its annotation and provider ID (the metadata
-    projection drops annotations, so the one we need is kept here)."""
-    out: JSON = {"spec": {"providerID": provider_id(node)}}
-    value = annotated(node)
-    if value is not None:
-        out["annotations"] = {ANNOTATION_PROVIDER_ID: value}
-    return out
-
-
-def _view(node: JSON | None) -> JSON | None:
-    """A cached projection as a Node-shaped object (annotations back under metadata)."""
-    if node is None:
-        return None
-    meta = {**(node.get("metadata") or {}), "annotations": node.get("annotations") or {}}
-    return {"metadata": meta, "spec": node.get("spec") or {}}
-
-
 @dataclass(eq=False)
 class NodeProviderIds:
     """Keeps `operator.lumigo.io/provider-id` equal to each Node's `spec.providerID`."""
@@ -67,7 +40,7 @@ class NodeProviderIds:
     nodes: Informer
 
     def reconcile(self, key: ObjectKey) -> Result:
-        node = _view(self.nodes.get("", key.name))
+        node = view(self.nodes.get("", key.name))
         if node is None:
             return Result()
         want, have = provider_id(node), annotated(node)
@@ -89,7 +62,7 @@ class NodeProviderIds:
 
 
 def _changed(old: JSON | None, new: JSON) -> bool:
-    before, after = _view(old), _view(new)
+    before, after = view(old), view(new)
     return old is None or (provider_id(before), annotated(before)) != (
         provider_id(after), annotated(after),
     )  # fmt: skip
@@ -97,7 +70,7 @@ def _changed(old: JSON | None, new: JSON) -> bool:
 
 def add_node_provider_ids(manager: Manager, client: KubeClient) -> None:
     """Wire the informer and the controller into the manager."""
-    nodes = manager.informer(Selection(NODES), transform=metadata_projection(_project))
+    nodes = node_informer(manager)
     controller = Controller("node-provider-ids", NodeProviderIds(client, nodes).reconcile)
     controller.for_(nodes, predicate=_changed)
     manager.add_controller(controller)

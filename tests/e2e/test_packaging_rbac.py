@@ -113,6 +113,18 @@ def test_leader_election_lease_in_the_own_namespace_only(rbac: Rbac) -> None:
     assert not rbac.can("create", "leases.coordination.k8s.io", "-n", "kube-system")
 
 
+def test_pods_are_created_only_in_the_own_namespace_for_the_image_volume_dry_run(
+    rbac: Rbac,
+) -> None:
+    """--injection-mode=auto's one dry-run create; nothing else about pods there."""
+    ns = rbac.namespace
+    assert rbac.can("create", "pods", "-n", ns)
+    assert not rbac.can("create", "pods", "-n", "some-app")
+    assert not rbac.can("create", "pods", "--all-namespaces")
+    for verb in ("get", "update", "delete", "watch"):
+        assert not rbac.can(verb, "pods", "-n", ns), verb
+
+
 def test_workloads_and_lumigoes(rbac: Rbac) -> None:
     """The manager's ClusterRole, checked against what the operator does in
     test_rbac_least_privilege: workloads are written back whole (update, never patch), Jobs are

@@ -128,6 +128,9 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
     flags += ["--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs"]
     flags += ["--set", f"endpoint.otlp.metrics_url={sink_url}/v1/metrics"]
     flags += ["--set", f"cluster.name={CLUSTER_NAME}"]
+    # The init container's copy (the chart's `auto` would mount the image on this node): most
+    # tests check that path; test_product switches to `auto` to check the other.
+    flags += ["--set", "injectorWebhook.lumigoInjector.mode=init-container"]
     # kube-state-metrics only where a test turns it on (the cluster-collection test).
     flags += ["--set", "kubeStateMetrics.install=false"]
     # The namespace heartbeat every 20 s instead of hourly, so that tests see several.

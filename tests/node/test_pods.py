@@ -1,6 +1,6 @@
 """Pods on the real node behave as on any cluster: what the operator's users rely on (logs, exec,
-Services and DNS, init containers, emptyDir limits, optional Secrets, users and groups, read-only
-roots, the restricted Pod Security Standard) works here, with real containers."""
+Services and DNS, init containers, emptyDir limits, image volumes, optional Secrets, users and
+groups, read-only roots, the restricted Pod Security Standard) works here, with real containers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,16 @@ import pytest
 
 from localcluster import KubectlError, LocalCluster
 from localnode import LocalNode
-from tests.node.pods import RESTRICTED_SECURITY, apply, container, get, logs, pod, wait_pod
+from tests.node.pods import (
+    BUSYBOX_IMAGE,
+    RESTRICTED_SECURITY,
+    apply,
+    container,
+    get,
+    logs,
+    pod,
+    wait_pod,
+)
 
 
 def test_pod_runs_on_the_real_node_and_kubectl_logs_and_exec_work(
@@ -255,3 +264,38 @@ def test_a_pod_reaches_the_api_server_through_the_kubernetes_service(
     ):
         assert time.monotonic() < deadline, out
         time.sleep(0.3)
+
+
+def test_an_image_volume_mounts_an_imported_image_read_only_with_a_subpath(
+    node: LocalNode, node_cluster: LocalCluster, node_namespace: str
+) -> None:
+    """Kubernetes' `image` volume (KEP-4639) on this node's containerd 2: the image's files,
+    read-only, without a copy, for a non-root user with every capability dropped; with a subPath
+    (containerd >= 2.2) only that directory."""
+    image = {"reference": BUSYBOX_IMAGE, "pullPolicy": "Never"}
+    spec = pod(
+        "image-volume",
+        [
+            container(
+                "app",
+                "id; ls /whole | head -3; ls /bin-only/busybox && echo subpath-ok; "
+                "touch /whole/x 2>&1 || echo volume-read-only; exec sleep 3600",
+                securityContext=RESTRICTED_SECURITY,
+                volumeMounts=[
+                    {"name": "img", "mountPath": "/whole"},
+                    {"name": "img", "mountPath": "/bin-only", "subPath": "bin"},
+                ],
+            )
+        ],
+        volumes=[{"name": "img", "image": image}],
+    )
+    apply(node_cluster, node_namespace, spec)
+    wait_pod(node_cluster, node_namespace, "image-volume")
+    deadline = time.monotonic() + 30
+    while "volume-read-only" not in (out := logs(node_cluster, node_namespace, "image-volume")):
+        assert time.monotonic() < deadline, out
+        time.sleep(0.3)
+    assert "uid=1500" in out
+    assert "subpath-ok" in out
+    assert "bin" in out.split("\n")[1:4]
+    assert "Read-only file system" in out

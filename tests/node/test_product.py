@@ -819,6 +819,62 @@ def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_a
     product.kubectl("delete", "deployment", "after-upgrade", "-n", APPS_NS, "--wait=false")
 
 
+def switch_injection_mode(product: Product, mode: str) -> None:
+    """helm upgrade to another `injectorWebhook.lumigoInjector.mode`; returns once the one
+    manager left runs with it and the API server reaches its webhooks."""
+    product.release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
+        "--set", f"injectorWebhook.lumigoInjector.mode={mode}",
+    )  # fmt: skip
+
+    def one_manager_with_the_mode() -> bool:
+        pods = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)
+        if len(pods["items"]) != 1:
+            return False
+        (pod,) = pods["items"]
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        statuses = pod["status"].get("containerStatuses", [])
+        ready = bool(statuses) and all(c["ready"] for c in statuses)
+        return ready and env.get("LUMIGO_INJECTION_MODE") == mode
+
+    wait_until(one_manager_with_the_mode, 180, f"the manager in {mode} mode")
+    wait_defaulter(product, VARIANTS_NS)
+
+
+def test_auto_mode_mounts_the_image_and_traces_a_locked_down_app_without_a_copy(
+    product: Product, variants_ns: str
+) -> None:
+    """`injectorWebhook.lumigoInjector.mode=auto` on a cluster that supports image volumes
+    (kubelet 1.36, containerd 2.2): the autotrace image is mounted read-only as an `image`
+    volume, the pod has no init container and nothing is copied, and a non-root app with a
+    read-only root and every capability dropped is traced from it."""
+    switch_injection_mode(product, "auto")  # this node (kubelet 1.36, containerd 2.2) can
+    try:
+        obj = with_container(
+            deployment("image-volume", product.images["python-app"]),
+            securityContext={
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+                "allowPrivilegeEscalation": False,
+                "runAsUser": 1500,
+            },
+        )
+        product.kubectl("apply", "-n", variants_ns, "-f", "-", input=json.dumps(obj))
+        pod = rolled_out(product, variants_ns, "image-volume")
+        assert "initContainers" not in pod["spec"]
+        (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "lumigo-injector"]
+        assert volume == {
+            "name": "lumigo-injector",
+            "image": {"reference": product.images["autotrace"], "pullPolicy": "Never"},
+        }
+        assert all(
+            c["ready"] and c["restartCount"] == 0 for c in pod["status"]["containerStatuses"]
+        )
+        spans_arrive(product, variants_ns, pod)
+    finally:
+        switch_injection_mode(product, "init-container")
+
+
 def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_it_is_back(
     product: Product,
 ) -> None:

@@ -27,9 +27,16 @@ def test_every_missing_node_component_is_named_with_how_to_get_it(
 
     assert components is None
     text = "\n".join(missing)
-    for built in ("kubelet", "kube-proxy", "coredns"):
+    for built in (
+        "kubelet",
+        "kube-proxy",
+        "coredns",
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+    ):
         assert f"{built} (run `hack/install-tools node`)" in text
-    for tool, package in (("containerd", "containerd"), ("runc", "runc"), ("nft", "nftables")):
+    for tool, package in (("runc", "runc"), ("nft", "nftables")):
         assert f"{tool} (Debian package {package}: run `hack/install-system-deps`)" in text
     assert "CNI plugins bridge, host-local, loopback, portmap" in text
     with pytest.raises(localnode.NodeError) as err:

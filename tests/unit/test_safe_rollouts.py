@@ -215,3 +215,12 @@ def test_only_a_watched_workload_that_is_not_fully_available_costs_a_pod_list() 
     assert not watched(done())  # every replica available: nothing can be failing
     assert not watched(deployment(generation=2), healthy_before="false")
     assert not watched(deployment(generation=2), at=NOW - dt.timedelta(seconds=601))
+
+
+def test_a_pod_with_the_autotrace_image_volume_counts_as_instrumented() -> None:
+    """Image-volume mode: no init container, our volume is the image."""
+    crashing = pod(restarts=3, injected=False)
+    crashing["spec"]["volumes"] = [{"name": "lumigo-injector", "image": {"reference": "x:1"}}]
+    assert health.new_pods_problem([crashing], THRESHOLDS, NOW) is not None
+    crashing["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    assert health.new_pods_problem([crashing], THRESHOLDS, NOW) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from typing import Any
 
@@ -602,3 +603,51 @@ def test_every_regular_container_ends_up_with_the_seven_variables(
         if env["LD_PRELOAD"] == CHAINED_LD_PRELOAD:  # $(VAR) only sees earlier variables
             assert names.index("LUMIGO_ORIGINAL_LD_PRELOAD") < names.index("LD_PRELOAD")
     assert out["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == settings_.label_value
+
+
+# --- image-volume mode -----------------------------------------------------------------------
+
+IMAGE_VOLUME = dataclasses.replace(SETTINGS, injection_mode=constants.INJECTION_MODE_IMAGE_VOLUME)
+
+
+def test_image_volume_mode_mounts_the_autotrace_image_and_adds_no_init_container() -> None:
+    obj = workload("Deployment", simple_template())
+    spec = template_of(inject(obj, IMAGE_VOLUME))["spec"]
+    assert spec["volumes"] == [
+        {
+            "name": "lumigo-injector",
+            "image": {
+                "reference": "registry.example.com/lumigo-autotrace:1.2.3",
+                "pullPolicy": "IfNotPresent",
+            },
+        }
+    ]
+    assert "initContainers" not in spec
+    (app,) = spec["containers"]
+    assert app["volumeMounts"] == [
+        {"name": "lumigo-injector", "readOnly": True, "mountPath": "/opt/lumigo",
+         "subPath": "payload"}
+    ]  # fmt: skip
+    assert app["env"] == expected_env("app")
+
+
+def test_switching_modes_replaces_the_volume_the_mount_and_the_init_container_in_place() -> None:
+    obj = workload("Deployment", realistic_template())
+    copied = inject(obj, SETTINGS)
+    mounted = inject(copied, IMAGE_VOLUME)
+    assert equal(mounted, inject(obj, IMAGE_VOLUME))  # as if it had never been copied
+    assert equal(inject(mounted, SETTINGS), copied)  # and back
+    assert equal(remove(mounted), obj)
+
+
+def test_an_unknown_injection_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="invalid injection mode 'sidecar': one of init-container"):
+        InjectionSettings(injection_mode="sidecar")
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads())
+def test_image_volume_mode_is_idempotent_and_removable(obj: JSON) -> None:
+    once = inject(obj, IMAGE_VOLUME)
+    assert equal(inject(once, IMAGE_VOLUME), once)
+    assert equal(remove(once), obj)

@@ -1,0 +1,213 @@
+"""`--injection-mode=auto`: the autotrace image mounted as an `image` volume (no copy, no init
+container) where the whole cluster can mount one, the init container's copy everywhere else.
+
+An image volume is safe only when both hold:
+- the API server keeps the field: the ImageVolume feature is on (beta, on by default since
+  Kubernetes 1.35). An API server with it off drops the field and then refuses the pod, and the
+  workload with it, for a volume with no source. Asked once per process with a server-side
+  dry-run create of a Pod in the operator's namespace (nothing is stored); an answer other than
+  "kept" or "refused" (no response, 5xx, throttled) is asked again with backoff.
+- every Node can mount it: kubelet >= 1.35 and containerd >= 2.2 or CRI-O >= 1.33 (the subPath
+  mount). Followed through the Node cache, so a Node with an older runtime joining switches new
+  admissions back to the init container; pods already running keep what they have.
+Until both are known, the init container, which works everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from api import constants
+from controller.lumigo.nodes import node_info
+from controller.runtime.informer import FuncHandler, Informer
+from controller.runtime.kube import KubeClient
+from controller.runtime.resources import PODS, ApiError
+from webhook.admission.readiness import NotReady
+
+log = logging.getLogger("lumigo.injection")
+
+JSON = dict[str, Any]
+
+MIN_KUBELET = (1, 35)
+MIN_RUNTIME = {"containerd": (2, 2), "cri-o": (1, 33)}
+_VERSION = re.compile(r"v?(\d+)\.(\d+)")
+PROBE_POD = "lumigo-image-volume-probe"
+READY_WAIT = 30.0  # then ready anyway, injecting with the init container until it answers
+
+
+def _version(text: str) -> tuple[int, int] | None:
+    match = _VERSION.match(text)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def node_problem(node: JSON) -> str | None:
+    """Why this Node cannot mount an image volume with a subPath; None if it can."""
+    info = node_info(node)
+    name = (node.get("metadata") or {}).get("name", "?")
+    kubelet = str(info.get("kubeletVersion") or "")
+    kubelet_version = _version(kubelet)
+    if kubelet_version is None or kubelet_version < MIN_KUBELET:
+        return f"node {name}: kubelet {kubelet or 'unknown'} (image volumes need >= 1.35)"
+    runtime, _, version = str(info.get("containerRuntimeVersion") or "").partition("://")
+    needed = MIN_RUNTIME.get(runtime)
+    runtime_version = _version(version)
+    if needed is None or runtime_version is None or runtime_version < needed:
+        wanted = " or ".join(f"{r} >= {v[0]}.{v[1]}" for r, v in MIN_RUNTIME.items())
+        return f"node {name}: runtime {runtime or 'unknown'} {version} (needs {wanted})"
+    return None
+
+
+def nodes_problem(nodes: Iterable[JSON]) -> str | None:
+    """The first Node that cannot mount image volumes, or None. No Node at all is a problem:
+    nothing says what the first one will run."""
+    seen = False
+    for node in nodes:
+        seen = True
+        problem = node_problem(node)
+        if problem is not None:
+            return problem
+    return None if seen else "no nodes"
+
+
+def probe_pod(image: str, pull_policy: str) -> JSON:
+    """A Pod mounting `image` as a volume, compliant with the restricted Pod Security Standard
+    (the operator's namespace may enforce it). Only ever created with dryRun=All."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": PROBE_POD},
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 65532,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": image,
+                    "imagePullPolicy": pull_policy,
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                    "volumeMounts": [
+                        {
+                            "name": "payload",
+                            "mountPath": "/payload",
+                            "subPath": constants.PAYLOAD_IMAGE_PATH,
+                        }
+                    ],
+                }
+            ],
+            "volumes": [
+                {"name": "payload", "image": {"reference": image, "pullPolicy": pull_policy}}
+            ],
+        },
+    }
+
+
+class AutoInjectionMode:
+    """The injection mode for `auto`, current with the Nodes; cheap to ask on every admission."""
+
+    def __init__(self, client: KubeClient, nodes: Informer, namespace: str, image: str,
+                 pull_policy: str) -> None:  # fmt: skip
+        self._client = client
+        self._nodes = nodes
+        self._namespace = namespace
+        self._image = image
+        self._pull_policy = pull_policy
+        self._lock = threading.Lock()
+        self._api_server: bool | None = None  # unknown until the dry-run answers
+        self._nodes_dirty = True
+        self._node_problem: str | None = "nodes not listed yet"
+        self._mode = constants.INJECTION_MODE_INIT_CONTAINER
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ready_deadline = float("inf")
+        nodes.add_handler(FuncHandler(add=self._dirty, update=lambda _o, _n: self._dirty(_n),
+                                      delete=self._dirty))  # fmt: skip
+
+    def ready(self) -> None:
+        """For /readyz: admissions wait (a bounded while) until the API server has answered, so
+        that a workload admitted right after start gets the mode the cluster supports."""
+        with self._lock:
+            if self._api_server is None and time.monotonic() < self._ready_deadline:
+                raise NotReady("asking the API server whether it keeps image volumes")
+
+    def start(self) -> None:
+        self._ready_deadline = time.monotonic() + READY_WAIT
+        self._thread = threading.Thread(target=self._ask_api_server, name="image-volume-probe",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def mode(self) -> str:
+        with self._lock:
+            if self._nodes_dirty and self._nodes.has_synced():
+                self._nodes_dirty = False
+                problem = nodes_problem(self._nodes.store.list())
+                if problem != self._node_problem:
+                    self._node_problem = problem
+                    self._update_locked()
+            return self._mode
+
+    # -- internals --------------------------------------------------------------------------------
+    def _dirty(self, _node: JSON) -> None:
+        with self._lock:
+            self._nodes_dirty = True
+
+    def _update_locked(self) -> None:
+        mode = constants.INJECTION_MODE_INIT_CONTAINER
+        if self._api_server and self._node_problem is None:
+            mode = constants.INJECTION_MODE_IMAGE_VOLUME
+        if mode != self._mode:
+            why = self._node_problem or "the API server and every node support image volumes"
+            if self._api_server is False:
+                why = "the API server drops image volumes (the ImageVolume feature is off)"
+            log.info("injection mode", extra={"mode": mode, "why": why})
+            self._mode = mode
+
+    def _ask_api_server(self) -> None:
+        delay = 1.0
+        while not self._stop.is_set():
+            try:
+                kept = self._dry_run()
+            except ApiError as err:
+                if err.retryable:
+                    log.info("image-volume probe: retrying", extra={"error": str(err)})
+                    self._stop.wait(delay)
+                    delay = min(delay * 2, 60.0)
+                    continue
+                log.warning("image-volume probe refused; using the init container",
+                            extra={"error": str(err)})  # fmt: skip
+                kept = False
+            log.info("image-volume probe answered",
+                     extra={"api_server_keeps_image_volumes": kept})  # fmt: skip
+            with self._lock:
+                self._api_server = kept
+                self._update_locked()
+            return
+
+    def _dry_run(self) -> bool:
+        """True when the API server keeps an image volume (a 422 for a volume with no source
+        after it dropped the field, or a reply without it, means it does not)."""
+        pod = probe_pod(self._image, self._pull_policy)
+        try:
+            reply = self._client.request("POST", PODS.path(self._namespace),
+                                         params={"dryRun": "All"}, body=pod)  # fmt: skip
+        except ApiError as err:
+            if err.code in (400, 422):
+                return False
+            raise
+        volumes = ((reply or {}).get("spec") or {}).get("volumes") or []
+        return any("image" in v for v in volumes if v.get("name") == "payload")
