@@ -7,9 +7,12 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
 1. activation: N Flask Deployments run untraced; `kubectl apply` of the README's Lumigo; time
    until every Deployment's pod is a Ready instrumented pod and has delivered its first span
    (requests are sent to each new pod as soon as it is Ready; p50 and max over the N);
-2. pod start overhead: the same Flask pod created R times in an untraced and in a traced
-   namespace, create -> Ready (p50), with the init container's copy time (its started ->
-   finished) and the app container's started -> Ready (tracer start-up included when traced);
+2. pod start overhead: the same Flask pod created R times in an untraced namespace and in a
+   traced one, with the init container's copy (`--injection-mode=init-container`) and with the
+   autotrace image mounted as an image volume (`image-volume`): create -> Ready (p50), the init
+   container's copy time (its started -> finished), the app container's started -> Ready
+   (tracer start-up included when traced), and the bytes the pod start added to the node's
+   disk (`du -sb` of the node's containerd + kubelet directories before and once Ready);
 3. bytes copied per pod start: `du -sb /opt/lumigo` in a traced pod;
 4. tracer start-up: inside a traced pod, `python3 -c pass` with the injected environment and
    without LD_PRELOAD (medians of 7);
@@ -27,6 +30,7 @@ import contextlib
 import datetime as dt
 import json
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
@@ -46,6 +50,7 @@ from tests.node.product import (  # noqa: E402
     installed_product,
     readme_yaml,
     rolled_out,
+    switch_injection_mode,
 )
 
 JSON = dict[str, Any]
@@ -102,12 +107,20 @@ def activation(product: Product, count: int) -> dict[str, float]:
     }
 
 
-def pod_starts(product: Product, ns: str, repeat: int) -> dict[str, float]:
-    totals, copies, app_to_ready = [], [], []
+def node_disk_bytes(product: Product) -> int:
+    """What the node keeps on disk (containerd's root and state, the kubelet's pods)."""
+    out = subprocess.run(["du", "-sb", str(product.node.workdir)], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    return int(out.stdout.split()[0])
+
+
+def pod_starts(product: Product, ns: str, repeat: int, prefix: str = "start") -> dict[str, float]:
+    totals, copies, app_to_ready, written = [], [], [], []
     for i in range(repeat):
-        name = f"start-{i}"
+        name = f"{prefix}-{i}"
         # A Deployment, as users run apps: the webhook instruments workloads, never bare pods.
         obj = deployment(name, product.images["python-app"])
+        disk_before = node_disk_bytes(product)
         created = time.time()
         product.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(obj))
         while True:
@@ -118,6 +131,7 @@ def pod_starts(product: Product, ns: str, repeat: int) -> dict[str, float]:
                 break
             time.sleep(0.1)
         totals.append(time.time() - created)
+        written.append(node_disk_bytes(product) - disk_before)
         app = got["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
         app_to_ready.append(ready_time(got) - ts(app))
         for init in got["status"].get("initContainerStatuses", []):
@@ -128,7 +142,8 @@ def pod_starts(product: Product, ns: str, repeat: int) -> dict[str, float]:
         "create_to_ready_p50_s": statistics.median(totals),
         "app_started_to_ready_p50_s": statistics.median(app_to_ready),
         "init_copy_p50_s": statistics.median(copies) if copies else 0.0,
-        "injected_pods": len(copies),
+        "init_containers": len(copies),
+        "node_disk_bytes_added_p50": statistics.median(written),
     }
 
 
@@ -237,6 +252,9 @@ def main() -> int:
         )  # fmt: skip
         if args.repeat:
             results["traced"] = pod_starts(product, traced, args.repeat)
+            switch_injection_mode(product, "image-volume")
+            results["traced_image_volume"] = pod_starts(product, traced, args.repeat, "volume")
+            switch_injection_mode(product, "init-container")
         probe = deployment("bytes", product.images["python-app"])
         product.kubectl("apply", "-n", traced, "-f", "-", input=json.dumps(probe))
         pod = rolled_out(product, traced, "bytes")

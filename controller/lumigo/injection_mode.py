@@ -127,6 +127,7 @@ class AutoInjectionMode:
         self._nodes_dirty = True
         self._node_problem: str | None = "nodes not listed yet"
         self._mode = constants.INJECTION_MODE_INIT_CONTAINER
+        self._decision: tuple[str, str] = (self._mode, "")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready_deadline = float("inf")
@@ -167,14 +168,19 @@ class AutoInjectionMode:
             self._nodes_dirty = True
 
     def _update_locked(self) -> None:
+        """Decide, and say so whenever the mode or its reason changes."""
         mode = constants.INJECTION_MODE_INIT_CONTAINER
-        if self._api_server and self._node_problem is None:
-            mode = constants.INJECTION_MODE_IMAGE_VOLUME
-        if mode != self._mode:
-            why = self._node_problem or "the API server and every node support image volumes"
-            if self._api_server is False:
-                why = "the API server drops image volumes (the ImageVolume feature is off)"
+        if self._api_server is None:
+            why = "the API server has not answered yet"
+        elif not self._api_server:
+            why = "the API server drops image volumes (the ImageVolume feature is off)"
+        elif self._node_problem is not None:
+            why = self._node_problem
+        else:
+            mode, why = constants.INJECTION_MODE_IMAGE_VOLUME, "every node can mount image volumes"
+        if (mode, why) != self._decision:
             log.info("injection mode", extra={"mode": mode, "why": why})
+            self._decision = (mode, why)
             self._mode = mode
 
     def _ask_api_server(self) -> None:

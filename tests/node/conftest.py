@@ -102,14 +102,15 @@ _HOLDER: dict[str, NodeHolder] = {}
 
 @pytest.fixture(scope="session")
 def node_cluster() -> Iterator[LocalCluster]:
-    """A full control plane for the node tier; kwok's fake node is cordoned, so every pod of
-    this cluster runs on the real node, as on a user's cluster."""
+    """A full control plane for the node tier; kwok's fake node is deleted, so the real node is
+    the cluster's only one, as on a user's cluster (every pod runs on it, and the operator's
+    `--injection-mode=auto` sees a node that can mount image volumes)."""
     try:  # fail with the missing component's name before anything starts
         require(*preflight())
     except NodeError as err:
         pytest.fail(str(err), pytrace=False)
     with LocalCluster(full=True) as cluster:
-        cluster.kubectl("cordon", FAKE_NODE)
+        cluster.kubectl("delete", "node", FAKE_NODE)
         yield cluster
 
 

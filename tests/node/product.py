@@ -108,6 +108,7 @@ class Product:
 
 
 HEARTBEAT_INTERVAL = "20s"
+MANAGER_SELECTOR = "control-plane=controller-manager"
 
 
 def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
@@ -149,7 +150,7 @@ def node_cluster(
     if holder is not None:
         holder.release()
     with LocalCluster(full=True, service_accounts=True) as cluster:
-        cluster.kubectl("cordon", FAKE_NODE)
+        cluster.kubectl("delete", "node", FAKE_NODE)  # the real node is the only one
         with LocalNode(cluster) as node:
             for entry in built.values():
                 node.import_image(Path(entry["tar"]))
@@ -264,6 +265,28 @@ def wait_defaulter(product: Product, namespace: str) -> None:
         return "lumigo.operator.lumigo.io/lumigo" in out and "Error" not in out
 
     wait_until(answers, 120, "the defaulter webhook reachable through its Service")
+
+
+def switch_injection_mode(product: Product, mode: str) -> None:
+    """helm upgrade to another `injectorWebhook.lumigoInjector.mode`; returns once the one
+    manager left runs with it and the API server reaches its webhooks."""
+    product.release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
+        "--set", f"injectorWebhook.lumigoInjector.mode={mode}",
+    )  # fmt: skip
+
+    def one_manager_with_the_mode() -> bool:
+        pods = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)
+        if len(pods["items"]) != 1:
+            return False
+        (pod,) = pods["items"]
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        statuses = pod["status"].get("containerStatuses", [])
+        ready = bool(statuses) and all(c["ready"] for c in statuses)
+        return ready and env.get("LUMIGO_INJECTION_MODE") == mode
+
+    wait_until(one_manager_with_the_mode, 180, f"the manager in {mode} mode")
+    wait_defaulter(product, OPERATOR_NS)
 
 
 def apply_readme(product: Product, namespace: str, token: str) -> None:

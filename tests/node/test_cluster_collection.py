@@ -95,7 +95,7 @@ def enable_cluster_logs(product: Product) -> None:
 
 
 def agent_pods(product: Product) -> list[JSON]:
-    """The agent's pods on the real node (the cluster's cordoned kwok node gets one too)."""
+    """The agent's pods on the real node."""
     pods = product.pods(OPERATOR_NS, "app.kubernetes.io/component=cluster-agent")
     return [p for p in pods if p["spec"].get("nodeName") == product.node.name]
 

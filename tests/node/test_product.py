@@ -33,6 +33,7 @@ from tests.node.conftest import NodeHolder
 from tests.node.pods import BUSYBOX_IMAGE
 from tests.node.product import (
     CLUSTER_NAME,
+    MANAGER_SELECTOR,
     OPERATOR_NS,
     RELEASE,
     Product,
@@ -43,6 +44,7 @@ from tests.node.product import (
     installed_product,
     readme_yaml,
     rolled_out,
+    switch_injection_mode,
     wait_defaulter,
     wait_for,
 )
@@ -333,17 +335,21 @@ def test_an_app_running_as_another_uid_is_traced(
     spans_arrive(product, variants_ns, pod)
 
 
+# A non-root app container with a read-only root and every capability dropped.
+LOCKED_DOWN = {
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "allowPrivilegeEscalation": False,
+    "runAsUser": 1500,
+}
+
+
 def test_a_read_only_root_with_all_capabilities_dropped_is_traced(
     product: Product, variants_ns: str
 ) -> None:
     obj = with_container(
         deployment("readonly", product.images["python-app"]),
-        securityContext={
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "allowPrivilegeEscalation": False,
-            "runAsUser": 1500,
-        },
+        securityContext=LOCKED_DOWN,
     )
     pod = run_variant(product, variants_ns, obj)
     spans_arrive(product, variants_ns, pod)
@@ -642,7 +648,6 @@ def test_a_payload_cut_short_by_a_full_volume_lets_the_pod_start_untraced_and_sa
 # --- faults, upgrade and operator outage (issue 13) ---------------------------------------------
 
 PROXY_SELECTOR = "app.kubernetes.io/component=telemetry-proxy"
-MANAGER_SELECTOR = "control-plane=controller-manager"
 
 
 def proxy_metric(product: Product, name: str, exporter: str = "otlp_http/lumigo") -> float:
@@ -819,28 +824,6 @@ def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_a
     product.kubectl("delete", "deployment", "after-upgrade", "-n", APPS_NS, "--wait=false")
 
 
-def switch_injection_mode(product: Product, mode: str) -> None:
-    """helm upgrade to another `injectorWebhook.lumigoInjector.mode`; returns once the one
-    manager left runs with it and the API server reaches its webhooks."""
-    product.release.helm(
-        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
-        "--set", f"injectorWebhook.lumigoInjector.mode={mode}",
-    )  # fmt: skip
-
-    def one_manager_with_the_mode() -> bool:
-        pods = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)
-        if len(pods["items"]) != 1:
-            return False
-        (pod,) = pods["items"]
-        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
-        statuses = pod["status"].get("containerStatuses", [])
-        ready = bool(statuses) and all(c["ready"] for c in statuses)
-        return ready and env.get("LUMIGO_INJECTION_MODE") == mode
-
-    wait_until(one_manager_with_the_mode, 180, f"the manager in {mode} mode")
-    wait_defaulter(product, VARIANTS_NS)
-
-
 def test_auto_mode_mounts_the_image_and_traces_a_locked_down_app_without_a_copy(
     product: Product, variants_ns: str
 ) -> None:
@@ -852,12 +835,7 @@ def test_auto_mode_mounts_the_image_and_traces_a_locked_down_app_without_a_copy(
     try:
         obj = with_container(
             deployment("image-volume", product.images["python-app"]),
-            securityContext={
-                "readOnlyRootFilesystem": True,
-                "capabilities": {"drop": ["ALL"]},
-                "allowPrivilegeEscalation": False,
-                "runAsUser": 1500,
-            },
+            securityContext=LOCKED_DOWN,
         )
         product.kubectl("apply", "-n", variants_ns, "-f", "-", input=json.dumps(obj))
         pod = rolled_out(product, variants_ns, "image-volume")
