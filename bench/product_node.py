@@ -12,7 +12,7 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
    autotrace image mounted as an image volume (`image-volume`): create -> Ready (p50), the init
    container's copy time (its started -> finished), the app container's started -> Ready
    (tracer start-up included when traced), and the bytes the pod start added to the node's
-   disk (`du -sb` of the node's containerd + kubelet directories before and once Ready);
+   disk (`du -sbx` of the node's containerd + kubelet directories before and once Ready);
 3. bytes copied per pod start: `du -sb /opt/lumigo` in a traced pod;
 4. tracer start-up: inside a traced pod, `python3 -c pass` with the injected environment and
    without LD_PRELOAD (medians of 7);
@@ -108,10 +108,17 @@ def activation(product: Product, count: int) -> dict[str, float]:
 
 
 def node_disk_bytes(product: Product) -> int:
-    """What the node keeps on disk (containerd's root and state, the kubelet's pods)."""
-    out = subprocess.run(["du", "-sb", str(product.node.workdir)], capture_output=True,
+    """What the node keeps on disk (containerd's root and state, the kubelet's pods), on its
+    own file system only (`-x`): a container's overlay root and an image volume are mounts of
+    layers already on disk, not bytes a pod start wrote."""
+    out = subprocess.run(["du", "-sbx", str(product.node.workdir)], capture_output=True,
                          text=True, check=False)  # fmt: skip
     return int(out.stdout.split()[0])
+
+
+def _pod_dir(product: Product, uid: str) -> Path:
+    """The kubelet's directory of a pod (its volumes): removed once the pod is cleaned up."""
+    return product.node.workdir / "kubelet" / "pods" / uid
 
 
 def pod_starts(product: Product, ns: str, repeat: int, prefix: str = "start") -> dict[str, float]:
@@ -137,7 +144,12 @@ def pod_starts(product: Product, ns: str, repeat: int, prefix: str = "start") ->
         for init in got["status"].get("initContainerStatuses", []):
             term = init["state"]["terminated"]
             copies.append(ts(term["finishedAt"]) - ts(term["startedAt"]))
-        product.kubectl("delete", "deployment", name, "-n", ns, "--wait=false")
+        # Gone, volumes and all, before the next one is measured: a pod being removed meanwhile
+        # would subtract its own emptyDir from the next pod's disk figure.
+        product.kubectl("delete", "deployment", name, "-n", ns, "--cascade=foreground")
+        selector, uid = f"app={name}", got["metadata"]["uid"]
+        wait_until(lambda s=selector: not product.pods(ns, s), 60, f"{name}'s pod gone")
+        wait_until(lambda u=uid: not _pod_dir(product, u).exists(), 60, f"{name}'s volumes gone")
     return {
         "create_to_ready_p50_s": statistics.median(totals),
         "app_started_to_ready_p50_s": statistics.median(app_to_ready),
