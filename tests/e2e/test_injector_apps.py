@@ -186,6 +186,48 @@ def test_python_user_values_are_kept(injector_payload: Path, tmp_path: Path) -> 
     assert str(injector_payload / "python" / "bootstrap") not in seen["sys_path"]
 
 
+def test_an_app_with_a_newer_setuptools_is_traced(injector_payload: Path, tmp_path: Path) -> None:
+    """The distro declares setuptools<=80.9.0 but never imports it: the payload does not ship
+    it, and an application with a newer one (most virtualenvs) is traced, not stood down."""
+    site = tmp_path / "site"
+    for package in ("setuptools", "pkg_resources", "_distutils_hack"):  # what setuptools installs
+        (site / package).mkdir(parents=True)
+        (site / package / "__init__.py").write_text("")
+    (site / "setuptools-81.0.0.dist-info").mkdir()
+    (site / "setuptools-81.0.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: setuptools\nVersion: 81.0.0\n"
+    )
+    with OtlpReceiver() as receiver:
+        env = {
+            **base_env(tmp_path),
+            "OTEL_SERVICE_NAME": "flask-setuptools",
+            "PYTHONPATH": str(site),
+            **webhook_env(injector_payload, receiver.endpoint, "app"),
+        }
+        python = flask_python(INTERPRETERS["3.11"])
+        with running_app([str(python), str(PROGRAMS / "flask_app.py")], env, tmp_path) as app:
+            assert_traced(receiver, app, "/hello", "flask-setuptools")
+            assert "tracing not activated" not in app.output()
+    shipped = {p.name for p in (injector_payload / "python").glob("*/*")}
+    assert not shipped & {"setuptools", "pkg_resources", "_distutils_hack"}
+
+
+def test_the_payload_ships_no_tests_stubs_or_sources_and_its_links_stay_inside(
+    injector_payload: Path,
+) -> None:
+    python = injector_payload / "python"
+    names = {p.name for p in python.rglob("*")}
+    assert not names & {"tests", "test", "ci"}
+    assert not [n for n in names if n.endswith((".pyi", ".proto", ".c"))]
+    links = [p for p in python.rglob("*") if p.is_symlink()]
+    assert links, "shared distributions are linked from the targets' directories"
+    for link in links:
+        target = os.readlink(link)
+        assert not os.path.isabs(target), link
+        assert link.resolve().is_relative_to((python / "shared").resolve()), link
+        assert link.exists(), link
+
+
 def test_node_user_values_are_kept(injector_payload: Path, tmp_path: Path) -> None:
     """The user's NODE_OPTIONS (a --require of their own and a flag) and LD_PRELOAD still work."""
     user_js = tmp_path / "user.js"
