@@ -5,10 +5,11 @@
    own cost on every process of an injected container), and with an empty library linked the
    same way (the dynamic loader's floor for preloading anything). Runs interleave the three arms
    so that machine noise hits them alike; reported as medians and the differences.
-2. The Python (Flask, CPython 3.11) and Node.js test apps: time from spawn to the first served
-   HTTP response, untraced vs traced (this is the cost of loading the Lumigo distros).
+2. The Python (Flask, CPython 3.11), Node.js and JVM (OpenJDK, the node tier's jvm-app) test
+   apps: time from spawn to the first served HTTP response, untraced vs traced, interleaved (the
+   cost of loading the Lumigo distros and the OpenTelemetry Java agent).
 
-Usage: .venv/bin/python bench/injector_startup.py [--runs 2000] [--app-runs 5]
+Usage: .venv/bin/python bench/injector_startup.py [--runs 2000] [--app-runs 21] [--jvm-runs 11]
 Writes bench/results/injector_startup.json. Needs `make payload`.
 """
 
@@ -20,6 +21,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -113,23 +115,40 @@ def first_response_ms(args: list[str], env: dict[str, str], home: Path) -> float
         return (time.perf_counter() - started) * 1000
 
 
-def apps(runs: int, home: Path) -> dict[str, dict[str, float]]:
+def jvm_app(home: Path) -> list[str] | None:
+    """The node tier's JVM test app (hack/images/jvm-app), compiled here; None without a JDK."""
+    if shutil.which("javac") is None:
+        print("no javac: the JVM figure is skipped", file=sys.stderr)
+        return None
+    out = home / "jvm-app"
+    source = ROOT / "hack" / "images" / "jvm-app" / "App.java"
+    subprocess.run(["javac", "-d", str(out), str(source)], check=True)
+    return ["java", "-cp", str(out), "App"]
+
+
+def apps(runs: int, jvm_runs: int, home: Path) -> dict[str, dict[str, float]]:
     python = str(flask_python(python_interpreters()["3.11"]))
     cases = {
-        "python-flask-3.11": [python, str(PROGRAMS / "flask_app.py")],
-        "node-http": ["node", str(PROGRAMS / "http_app.js")],
+        "python-flask-3.11": ([python, str(PROGRAMS / "flask_app.py")], runs),
+        "node-http": (["node", str(PROGRAMS / "http_app.js")], runs),
     }
+    java = jvm_app(home)
+    if java is not None and jvm_runs:
+        cases["jvm-http"] = (java, jvm_runs)
     results = {}
     with OtlpReceiver() as receiver:
         traced_env = {**base_env(home), **webhook_env(PAYLOAD, receiver.endpoint, "bench")}
         plain_env = {k: v for k, v in traced_env.items() if k != "LD_PRELOAD"}
-        for name, args in cases.items():
+        for name, (args, count) in cases.items():
             first_response_ms(args, traced_env, home)  # warm caches (.pyc of the app, disk)
-            plain = [first_response_ms(args, plain_env, home) for _ in range(runs)]
-            traced = [first_response_ms(args, traced_env, home) for _ in range(runs)]
+            plain: list[float] = []
+            traced: list[float] = []
+            for _ in range(count):  # interleaved, so that machine noise hits both alike
+                plain.append(first_response_ms(args, plain_env, home))
+                traced.append(first_response_ms(args, traced_env, home))
             med_plain, med_traced = statistics.median(plain), statistics.median(traced)
             results[name] = {
-                "runs": runs,
+                "runs": count,
                 "median_ms_untraced": round(med_plain, 1),
                 "median_ms_traced": round(med_traced, 1),
                 "median_overhead_ms": round(med_traced - med_plain, 1),
@@ -142,6 +161,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000)
     # Start-up times are noisy: the median of many runs.
     parser.add_argument("--app-runs", type=int, default=21)
+    parser.add_argument("--jvm-runs", type=int, default=11, help="0 skips the JVM (seconds each)")
     args = parser.parse_args()
     if not (PAYLOAD / "injector" / "lumigo_injector.so").exists():
         raise SystemExit("run `make payload` first")
@@ -155,7 +175,7 @@ def main() -> None:
             "python": platform.python_version(),
         },
         "non_target_bin_true": non_target(args.runs, home),
-        "apps_first_response": apps(args.app_runs, home),
+        "apps_first_response": apps(args.app_runs, args.jvm_runs, home),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
