@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -708,6 +708,13 @@ def test_a_token_the_upstream_refuses_leaves_the_app_serving_and_shows_in_the_pr
 def test_the_sink_down_for_60_s_leaves_the_apps_answering_and_the_spans_arrive_afterwards(
     product: Product, original_specs: dict[str, JSON]
 ) -> None:
+    # The queue is in memory: a proxy rolled during the outage (the namespaces earlier tests
+    # activated change its configuration) would lose what it held. This is about retries.
+    active = [item["metadata"]["namespace"]
+              for item in get_json(product.cluster, "lumigoes", "-A")["items"]
+              if not item["metadata"].get("deletionTimestamp")]  # fmt: skip
+    proxy_settled(product, lambda text: all(f"k8s_objects/{ns}" in text for ns in active),
+                  f"the proxy configuration with {active}")  # fmt: skip
     (pod,) = product.pods(APPS_NS, "app=flask")
     pod_name = pod["metadata"]["name"]
     marker = uuid.uuid4().hex[:12]
@@ -731,7 +738,16 @@ def test_the_sink_down_for_60_s_leaves_the_apps_answering_and_the_spans_arrive_a
         }
 
     # The proxy's sending queue holds them and its exporter retries: every one arrives.
-    wait_for(lambda: delivered() == set(sent), 180, "the spans sent during the outage")
+    try:
+        wait_for(lambda: delivered() == set(sent), 180, "the spans sent during the outage")
+    except AssertionError as err:
+        proxies = [(p["metadata"]["name"], p["metadata"]["creationTimestamp"])
+                   for p in product.pods(OPERATOR_NS, PROXY_SELECTOR)]  # fmt: skip
+        failed = proxy_metric(product, "otelcol_exporter_send_failed_spans")
+        raise AssertionError(
+            f"{err}: {len(set(sent) - delivered())} of {len(sent)} missing; proxy pods "
+            f"{proxies}, send_failed_spans {failed}"
+        ) from err
 
 
 @contextlib.contextmanager
@@ -919,33 +935,39 @@ def traced_barrier(product: Product) -> tuple[str, str]:
     return ns, pod["metadata"]["name"]
 
 
-def proxy_settled_without(product: Product, namespace: str) -> None:
-    """Wait until the proxy's configuration leaves `namespace` out and every proxy pod runs it.
+def proxy_settled(product: Product, config_ok: Callable[[str], bool], what: str) -> None:
+    """Wait until the proxy's configuration satisfies `config_ok` and every proxy pod runs it.
 
-    The configuration change is a rolling restart: until the old pod is gone (terminating pods
-    included) it still watches the namespace and forwards what it sees. "Nothing arrives
-    afterwards" holds from there on, not from the moment the Lumigo is deleted."""
+    A configuration change is a rolling restart: until the old pod is gone (terminating pods
+    included) it still runs the old configuration, and whatever its in-memory queue holds goes
+    with it."""
     fullname = full(product)
     proxy = f"{fullname}-telemetry-proxy"
-    selector = "app.kubernetes.io/component=telemetry-proxy"
 
-    def config_without() -> bool:
+    def config_rolled() -> bool:
         secret = get_json(product.cluster, "secret", f"{proxy}-config", "-n", OPERATOR_NS)
         text = base64.b64decode(secret["data"]["config.yaml"]).decode()
         template = get_json(product.cluster, "deployment", proxy, "-n", OPERATOR_NS)["spec"]
         annotations = template["template"]["metadata"].get("annotations", {})
         stored = secret["metadata"]["annotations"].get(CONFIG_HASH_ANNOTATION)
         rolled_to = annotations.get(CONFIG_HASH_ANNOTATION)
-        return f"k8s_objects/{namespace}" not in text and rolled_to == stored
+        return config_ok(text) and rolled_to == stored
 
-    wait_until(config_without, 120, f"the proxy configuration without {namespace}")
-    rolled_out(product, OPERATOR_NS, proxy, selector=selector)
+    wait_until(config_rolled, 120, what)
+    rolled_out(product, OPERATOR_NS, proxy, selector=PROXY_SELECTOR)
 
     def no_old_pods() -> bool:
-        items = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", selector)["items"]
+        items = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", PROXY_SELECTOR)["items"]
         return not any(p["metadata"].get("deletionTimestamp") for p in items)
 
     wait_until(no_old_pods, 120, "the old proxy pods gone")
+
+
+def proxy_settled_without(product: Product, namespace: str) -> None:
+    """The proxy no longer watches `namespace`: "nothing arrives afterwards" holds from there
+    on, not from the moment the Lumigo is deleted."""
+    proxy_settled(product, lambda text: f"k8s_objects/{namespace}" not in text,
+                  f"the proxy configuration without {namespace}")  # fmt: skip
 
 
 def apps_settled(product: Product) -> None:
