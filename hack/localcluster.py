@@ -121,6 +121,9 @@ def _write_key(path: Path, key: Any) -> None:
     path.chmod(0o600)
 
 
+OPERATOR_USER = "lumigo-operator"  # the user name of `operator_kubeconfig`
+
+
 def make_pki(directory: Path) -> dict[str, KeyPair]:
     """A CA, the apiserver serving cert, an admin client cert and the service-account key."""
     now = dt.datetime.now(dt.UTC)
@@ -208,6 +211,9 @@ def make_pki(directory: Path) -> dict[str, KeyPair]:
         "ca": ca_pair,
         "apiserver": leaf("kube-apiserver", [], True, "apiserver"),
         "admin": leaf("admin", ["system:masters"], False, "admin"),
+        # The operator's own identity, as a ServiceAccount is in a cluster: the injector's
+        # matchConditions tell its writes from everyone else's (OPERATOR_USER).
+        "operator": leaf(OPERATOR_USER, ["system:masters"], False, "operator"),
         "kwok": leaf("kwok", [], True, "kwok"),
         "sa": sa,
     }
@@ -336,6 +342,11 @@ class LocalCluster:
     @property
     def kubeconfig(self) -> Path:
         return self.workdir / "kubeconfig"
+
+    @property
+    def operator_kubeconfig(self) -> Path:
+        """As `kubeconfig`, but the client is OPERATOR_USER (also in system:masters)."""
+        return self.workdir / "operator.kubeconfig"
 
     @property
     def audit_log(self) -> Path:
@@ -540,10 +551,15 @@ class LocalCluster:
         ]
 
     def _write_kubeconfig(self) -> None:
+        for path, user in ((self.kubeconfig, "admin"), (self.operator_kubeconfig, "operator")):
+            path.write_text(json.dumps(self._kubeconfig_of(user), indent=2))
+            path.chmod(0o600)
+
+    def _kubeconfig_of(self, user: str) -> dict[str, Any]:
         def b64(path: Path) -> str:
             return base64.b64encode(path.read_bytes()).decode()
 
-        config = {
+        return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
@@ -557,18 +573,16 @@ class LocalCluster:
             ],
             "users": [
                 {
-                    "name": "admin",
+                    "name": user,
                     "user": {
-                        "client-certificate-data": b64(self.pki["admin"].cert),
-                        "client-key-data": b64(self.pki["admin"].key),
+                        "client-certificate-data": b64(self.pki[user].cert),
+                        "client-key-data": b64(self.pki[user].key),
                     },
                 }
             ],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
             "current-context": "local",
         }
-        self.kubeconfig.write_text(json.dumps(config, indent=2))
-        self.kubeconfig.chmod(0o600)
 
     def _start_controller_manager(self) -> None:
         port = free_port()

@@ -22,7 +22,7 @@ from typing import Any
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES, ApiError
-from localcluster import LocalCluster, free_port, wait_until
+from localcluster import OPERATOR_USER, LocalCluster, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 JSON = dict[str, Any]
@@ -51,6 +51,22 @@ LUMIGO_RULES = [
         "resources": ["lumigoes"],
         "scope": "Namespaced",
     }
+]
+
+# The injector's matchConditions, as in config/webhook (a unit test compares them): no call for
+# the operator's own writes (it runs as OPERATOR_USER here, as its ServiceAccount in a cluster)
+# nor for ReplicaSets a Deployment owns.
+INJECTOR_MATCH_CONDITIONS = [
+    {
+        "name": "not-the-operators-own-write",
+        "expression": f"request.userInfo.username != '{OPERATOR_USER}'",
+    },
+    {
+        "name": "not-a-deployments-replicaset",
+        "expression": "!(request.kind.kind == 'ReplicaSet' && has(object.metadata.ownerReferences)"
+        " && object.metadata.ownerReferences.exists(r, r.kind == 'Deployment'"
+        " && r.apiVersion == 'apps/v1'))",
+    },
 ]
 
 
@@ -138,7 +154,7 @@ class OperatorProcess:
         return [
             str(ROOT / ".venv" / "bin" / "lumigo-operator"),
             "run",
-            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--kubeconfig={self.cluster.operator_kubeconfig}",
             f"--namespace={self.namespace}",
             "--webhook-host=127.0.0.1",
             f"--webhook-port={self.webhook_port}",
@@ -297,7 +313,8 @@ class OperatorProcess:
             ],
         }
 
-        def hook(name: str, path: str, rules: list[JSON], policy: str, ns: JSON) -> JSON:
+        def hook(name: str, path: str, rules: list[JSON], policy: str, ns: JSON,
+                 conditions: list[JSON]) -> JSON:  # fmt: skip
             return {
                 "name": name,
                 "clientConfig": {"url": f"{base}{path}"},  # caBundle: written by the operator
@@ -307,16 +324,14 @@ class OperatorProcess:
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 5,
                 "namespaceSelector": ns,
-                # As in config/webhook: objects being deleted (finalizer removal) never need
-                # the operator, so a stopped operator cannot block its own clean-up.
-                "matchConditions": [
-                    {
-                        "name": "not-being-deleted",
-                        "expression": "!has(object.metadata.deletionTimestamp)",
-                    }
-                ],
+                "matchConditions": conditions,
             }
 
+        # As in config/webhook: objects being deleted (finalizer removal) never need the
+        # defaulter, so a stopped operator cannot block its own clean-up.
+        not_being_deleted = [
+            {"name": "not-being-deleted", "expression": "!has(object.metadata.deletionTimestamp)"}
+        ]
         return {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
@@ -328,6 +343,7 @@ class OperatorProcess:
                     WORKLOAD_RULES,
                     "Ignore",
                     injector_selector,
+                    INJECTOR_MATCH_CONDITIONS,
                 ),
                 {
                     **hook(
@@ -336,10 +352,18 @@ class OperatorProcess:
                         WORKLOAD_RULES,
                         "Ignore",
                         opted_in_selector,
+                        INJECTOR_MATCH_CONDITIONS,
                     ),
                     "objectSelector": {"matchLabels": {"lumigo.auto-trace": "true"}},
                 },
-                hook("lumigodefaulter.kb.io", "/v1alpha1/mutate", LUMIGO_RULES, "Fail", selector),
+                hook(
+                    "lumigodefaulter.kb.io",
+                    "/v1alpha1/mutate",
+                    LUMIGO_RULES,
+                    "Fail",
+                    selector,
+                    not_being_deleted,
+                ),
             ],
         }
 

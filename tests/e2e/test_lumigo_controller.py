@@ -507,3 +507,34 @@ def test_the_api_server_calls_the_injector_only_where_a_lumigo_is_active_or_a_wo
     assert monitored(kube, monitored_ns)
     assert instrumented(dry_run_create(kube, monitored_ns, "new"))
     assert admissions(operator, monitored_ns) == 1  # once, not once per entry
+
+
+def test_the_api_server_spares_the_injector_the_operators_own_writes_and_deployments_replicasets(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    """The injector's matchConditions: the operator instrumenting an existing Deployment (its
+    write carries the instrumentation already) and a ReplicaSet a Deployment owns (the
+    Deployment is instrumented instead) cause no call; a user's update and a bare ReplicaSet do."""
+    ns = operator.new_namespace()
+    kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, "existing"), ns)
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: instrumented(kube.get(DEPLOYMENTS, "existing", ns)), 60, "instrumented")
+    assert admissions(operator, ns) == 0  # the operator's own update: no call
+
+    # Someone else's update is reviewed, and keeps the instrumentation.
+    existing = kube.get(DEPLOYMENTS, "existing", ns)
+    existing["spec"]["template"]["metadata"].setdefault("annotations", {})["rev"] = "2"
+    assert instrumented(kube.replace(DEPLOYMENTS, existing, ns))
+    assert admissions(operator, ns) == 1
+
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "existing",
+             "uid": existing["metadata"]["uid"], "controller": True}  # fmt: skip
+    owned = workload(REPLICASETS, "existing-5d4f8")
+    owned["metadata"]["ownerReferences"] = [owner]
+    kube.request("POST", REPLICASETS.path(ns), params={"dryRun": "All"}, body=owned)
+    assert admissions(operator, ns) == 1  # a Deployment's ReplicaSet: no call
+    bare = kube.request("POST", REPLICASETS.path(ns), params={"dryRun": "All"},
+                        body=workload(REPLICASETS, "bare"))  # fmt: skip
+    assert instrumented(bare)
+    assert admissions(operator, ns) == 2

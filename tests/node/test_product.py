@@ -213,6 +213,27 @@ def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
         assert resource["k8s.cluster.name"] == CLUSTER_NAME
 
 
+def test_the_api_server_calls_the_injector_for_an_update_from_anyone_but_the_operator(
+    product: Product, original_specs: dict[str, JSON]
+) -> None:
+    """The chart's matchConditions name the operator's ServiceAccount as the API server sees it:
+    the same update of an instrumented Deployment back to its original template, run on the
+    server without storing it, is instrumented again when anyone sends it, and left as sent when
+    the operator does (it writes what it means: the instrumentation or its removal)."""
+    live = get_json(product.cluster, "deployment", "flask", "-n", APPS_NS)
+    assert is_injected(live)
+    reverted = json.dumps({**live, "spec": {**live["spec"], "template": original_specs["flask"]}})
+    operator = f"system:serviceaccount:{OPERATOR_NS}:lumigo-kubernetes-operator"
+
+    def dry_run_replace(*who: str) -> JSON:
+        out = product.kubectl("replace", "--dry-run=server", "-o", "json", *who, "-f", "-",
+                              input=reverted)  # fmt: skip
+        return dict(json.loads(out))
+
+    assert is_injected(dry_run_replace())
+    assert not is_injected(dry_run_replace(f"--as={operator}"))
+
+
 def the_object(record: LogSeen) -> JSON:
     """The Kubernetes object a k8s_objects/k8s event record carries (watch events wrap it)."""
     body = record.body if isinstance(record.body, dict) else {}

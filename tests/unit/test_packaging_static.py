@@ -636,3 +636,26 @@ def test_a_stopped_operator_cannot_block_finalizer_removal() -> None:
     assert defaulter["matchConditions"] == [condition]
     chart = (ROOT / "charts" / "lumigo-operator" / "templates" / "webhooks.yaml").read_text()
     assert '"!has(object.metadata.deletionTimestamp)"' in chart
+
+
+def test_the_injector_is_not_called_for_the_operators_writes_or_deployments_replicasets() -> None:
+    """config/webhook and the chart (compared with it by test_packaging_helm) name the operator's
+    ServiceAccount; the local test operator's registration has the same conditions for its own
+    user, so the e2e tier exercises what is installed."""
+    from localcluster import OPERATOR_USER
+    from localoperator import INJECTOR_MATCH_CONDITIONS
+
+    sa = "system:serviceaccount:lumigo-system:lumigo-kubernetes-operator"
+    rbac = load(CONFIG / "rbac" / "service_account.yaml")[0]["metadata"]
+    assert f"system:serviceaccount:{rbac['namespace']}:{rbac['name']}" == sa
+    hooks = [h for c in load(CONFIG / "webhook" / "manifests.yaml") for h in c["webhooks"]]
+    injectors = [h for h in hooks if h["clientConfig"]["service"]["path"] == "/v1alpha1/inject"]
+    assert len(injectors) == 2
+    local = json.loads(json.dumps(INJECTOR_MATCH_CONDITIONS).replace(OPERATOR_USER, sa))
+    for hook in injectors:
+        assert hook["matchConditions"] == local, hook["name"]
+    # OLM's webhook definitions cannot carry matchConditions: the CSV has none (the handler
+    # still leaves those objects unchanged when it is called).
+    (path,) = (BUNDLE / "manifests").glob("*.clusterserviceversion.yaml")
+    csv = yaml.safe_load(path.read_text())
+    assert all("matchConditions" not in d for d in csv["spec"]["webhookdefinitions"])

@@ -128,3 +128,18 @@ imagePullSecrets:
 {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{- /*
+The injector's matchConditions (the same in config/webhook/manifests.yaml): the API server does
+not call it for what it would leave unchanged anyway, namely the operator's own writes (they
+already carry the instrumentation or its removal) and ReplicaSets a Deployment owns (their
+Deployment is instrumented instead). On a cluster that scales a lot, or while the operator
+instruments many workloads, that removes most of its calls.
+*/ -}}
+{{- define "lumigo-operator.injectorMatchConditions" -}}
+matchConditions:
+- name: not-the-operators-own-write
+  expression: "request.userInfo.username != 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "lumigo-operator.serviceAccountName" . }}'"
+- name: not-a-deployments-replicaset
+  expression: "!(request.kind.kind == 'ReplicaSet' && has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == 'Deployment' && r.apiVersion == 'apps/v1'))"
+{{- end }}
