@@ -10,7 +10,8 @@ namespace and removes the instrumentation again (--cycles times: apply the Lumig
 all are instrumented, delete it, wait until all are clean); then wrk saturation over
 --connections keep-alive connections; and the operator's RSS (its whole process tree) idle and
 after the load. Latency is counted from each request's scheduled send time as well, so a stall
-is not hidden by coordinated omission.
+is not hidden by coordinated omission. The API server's own metrics say how many injector calls
+the cycles caused and how many the injector's matchConditions spared (the operator's writes).
 
     .venv/bin/python bench/webhook_busy_controller.py [--workers 0 2] [--count 1000] [--cycles 3]
 
@@ -89,6 +90,22 @@ def busy_cycles(
             }
         )
     return timings
+
+
+def injector_calls(cluster: LocalCluster) -> dict[str, float]:
+    """What the API server did with the injector so far: calls made, and calls its
+    matchConditions spared (the operator's own writes)."""
+    text = cluster.kubectl("get", "--raw", "/metrics")
+    names = {
+        "called": "apiserver_admission_webhook_admission_duration_seconds_count{",
+        "excluded": "apiserver_admission_match_condition_exclusions_total{",
+    }
+    totals = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        for key, prefix in names.items():
+            if line.startswith(prefix) and 'name="lumigoinjector.kb.io"' in line:
+                totals[key] += float(line.rsplit(" ", 1)[1])
+    return totals
 
 
 def webhook_ca(kube: KubeClient, op: OperatorProcess, directory: Path) -> Path:
@@ -171,7 +188,9 @@ def one_operator(
         def cycle_work() -> None:
             timings.extend(busy_cycles(cluster, kube, busy, args.count, args.cycles))
 
+        calls_before = injector_calls(cluster)
         latency = measure(op.webhook_port, ca, body, args.rate, args.idle_seconds, cycle_work)
+        calls = {k: v - calls_before[k] for k, v in injector_calls(cluster).items()}
         time.sleep(5.0)  # the last cycle's events and relists settle
         saturated = saturation(op.webhook_port, body, args.connections, args.duration)
         loaded_rss = tree_rss_mib(op.proc.pid)
@@ -183,6 +202,7 @@ def one_operator(
         "saturation": saturated,
         **latency,
         "cycles": timings,
+        "api_server_injector_calls": calls,
     }
 
 
@@ -256,6 +276,9 @@ def main() -> int:
         for i, t in enumerate(figures["cycles"], 1):
             print(f"  cycle {i}: {args.count} Deployments instrumented in {t['instrument_s']} s, "
                   f"cleaned in {t['remove_s']} s")  # fmt: skip
+        calls = figures["api_server_injector_calls"]
+        print(f"  the API server, during the cycles: {calls['called']:.0f} injector calls, "
+              f"{calls['excluded']:.0f} spared by its matchConditions")  # fmt: skip
     print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
