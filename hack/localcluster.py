@@ -125,7 +125,7 @@ OPERATOR_USER = "lumigo-operator"  # the user name of `operator_kubeconfig`
 
 
 def make_pki(directory: Path) -> dict[str, KeyPair]:
-    """A CA, the apiserver serving cert, an admin client cert and the service-account key."""
+    """A CA, the apiserver serving cert, admin and operator client certs, the SA signing key."""
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lumigo-local-cluster-ca")])
