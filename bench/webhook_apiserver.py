@@ -13,25 +13,35 @@ operator.lumigo.io/monitored label, which only the instrumented namespace has) a
 alternating rounds, times the plain namespace again with no webhook registered at all: the plain
 namespace with the webhook registered should cost exactly that (the API server never calls it).
 
+`--go` has the API server call the Go-equivalent injector (bin/webhook-go: the same injection,
+controller-runtime's server, no Event) instead, with the certificate our manager wrote: the cost
+of this injection through this API server, whatever serves it.
+
     .venv/bin/python bench/webhook_apiserver.py [--count 500] [--rounds 3] [--label-selector]
+        [--noop | --no-events | --go]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
+import webhook_servers  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 
 from api import constants  # noqa: E402
@@ -39,7 +49,7 @@ from controller.lumigo.resources import LUMIGOES  # noqa: E402
 from controller.runtime.events import EventRecorder  # noqa: E402
 from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
+from controller.runtime.resources import DEPLOYMENTS, SECRETS  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
 from tests.conftest import CRD_FILE  # noqa: E402
 from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
@@ -49,11 +59,13 @@ from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
 )
 from tests.support import reviews, workloads  # noqa: E402
 from tests.support.webhook_cluster import (  # noqa: E402
+    SECRET,
     cert_stack,
     operator_configuration,
     policy,
     registered,
 )
+from webhook.admission import certs  # noqa: E402
 from webhook.admission.server import AdmissionServer, ServerOptions  # noqa: E402
 from webhook.admission.tls import ServingTLS  # noqa: E402
 from webhook.inject_handler import InjectHandler  # noqa: E402
@@ -81,6 +93,27 @@ def _served() -> float:
         "controller_runtime_webhook_requests_total", {"webhook": PATH, "code": "200"}
     )
     return value or 0.0
+
+
+@contextlib.contextmanager
+def go_webhook(kube: KubeClient, namespace: str, directory: Path) -> Iterator[int]:
+    """bin/webhook-go serving the certificate our certificate manager wrote in `namespace` (the
+    one the API server trusts): its port."""
+    webhook_servers.install_go_equivalent()
+    state = certs.decode(kube.get(SECRETS, SECRET, namespace)["data"])
+    (directory / "tls.crt").write_bytes(state.serving.cert_pem)
+    (directory / "tls.key").write_bytes(state.serving.key_pem)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    server = subprocess.Popen([str(webhook_servers.WEBHOOK_GO), f"-cert-dir={directory}",
+                               f"-port={port}"], stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: webhook_servers.listening(port), 30, "the Go webhook")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def deployments_file(directory: Path, prefix: str, count: int) -> Path:
@@ -114,6 +147,12 @@ def main() -> int:
         "--no-events",
         action="store_true",
         help="drop the Added events instead of posting them (isolates the webhook's own cost)",
+    )
+    parser.add_argument(
+        "--go",
+        action="store_true",
+        help="the API server calls the Go-equivalent injector (bin/webhook-go: the same "
+        "injection, controller-runtime's server, no Event) with our certificate instead of ours",
     )
     parser.add_argument(
         "--label-selector",
@@ -170,10 +209,18 @@ def main() -> int:
                 cluster.kubectl("label", "namespace", instrumented,
                                 f"{constants.LABEL_MONITORED}=true")  # fmt: skip
             with (
+                contextlib.ExitStack() as stack_go,
                 registered(kube, config) as name,
                 cert_stack(kube, policy(instrumented), [name], tls=tls) as stack,
             ):
                 stack.wait_ready()
+                if args.go:
+                    go_port = stack_go.enter_context(go_webhook(kube, instrumented, Path(tmp)))
+                    go_url = f"https://127.0.0.1:{go_port}{PATH}"
+                    to_go = [{"op": "replace", "path": "/webhooks/0/clientConfig/url",
+                              "value": go_url}]  # fmt: skip
+                    cluster.kubectl("patch", "mutatingwebhookconfiguration", name, "--type=json",
+                                    "-p", json.dumps(to_go))  # fmt: skip
                 probe = workloads.workload(DEPLOYMENTS, "probe")
 
                 def active() -> bool:
@@ -187,6 +234,8 @@ def main() -> int:
                     )
                     if args.noop:
                         return _served() > before
+                    if args.go and _served() > before:
+                        return False  # still ours
                     return "lumigo-injector" in workloads.init_container_names(created)
 
                 wait_until(active, 60, "the webhook to be active")
@@ -222,7 +271,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "benchmark": "webhook_apiserver",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "handler": "noop" if args.noop else "real",
+        "handler": "noop" if args.noop else "go-controller-runtime" if args.go else "real",
         "events": not args.no_events,
         "count": args.count,
         "rounds": args.rounds,
@@ -232,13 +281,17 @@ def main() -> int:
         "per_create_overhead_ms": round((med[instrumented] - med[plain]) / args.count * 1000, 3),
         "webhook_connections_accepted": accepted,
         "admissions_served": admissions,
-        "server_side_mean_ms": round(handler_seconds / admissions * 1000, 3),
+        "server_side_mean_ms": round((handler_seconds or 0.0) / max(admissions, 1) * 1000, 3),
         "target_ratio": 1.15,
         "label_selector": args.label_selector,
         "plain_without_any_webhook_seconds": unregistered,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before},
     }
-    suffix = ("_noop" if args.noop else "") + ("_no_events" if args.no_events else "")
+    suffix = (
+        ("_noop" if args.noop else "")
+        + ("_go" if args.go else "")
+        + ("_no_events" if args.no_events else "")
+    )
     suffix += "_label_selector" if args.label_selector else ""
     results = Path(str(RESULTS).format(suffix))
     results.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +299,7 @@ def main() -> int:
     print(
         f"{args.count} Deployments via kubectl, median of {args.rounds}"
         f"{' (no-op webhook)' if args.noop else ''}"
+        f"{' (the Go-equivalent injector)' if args.go else ''}"
         f"{' (events dropped)' if args.no_events else ''}: "
         f"instrumented {med[instrumented]:.2f} s, plain {med[plain]:.2f} s, ratio {ratio:.3f} "
         f"({result['per_create_overhead_ms']} ms per create)"

@@ -12,6 +12,9 @@ all are instrumented, delete it, wait until all are clean); then wrk saturation 
 after the load. Latency is counted from each request's scheduled send time as well, so a stall
 is not hidden by coordinated omission. The API server's own metrics say how many injector calls
 the cycles caused and how many the injector's matchConditions spared (the operator's writes).
+The Go-equivalent webhook (bin/webhook-go, see webhook_servers.py) gets the same load at the same
+time, each load from a process of its own: what this machine allows a webhook that shares nothing
+with our controller, so what is ours can be told from what is the machine's (--no-go skips it).
 
     .venv/bin/python bench/webhook_busy_controller.py [--workers 0 2] [--count 1000] [--cycles 3]
 
@@ -26,19 +29,24 @@ import base64
 import contextlib
 import datetime as dt
 import json
+import multiprocessing
 import os
+import queue
+import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
+import webhook_servers  # noqa: E402
 from webhook_direct import machine, offered_load, saturation  # noqa: E402
 from webhook_servers import tree_rss_mib  # noqa: E402
 
@@ -55,6 +63,7 @@ from tests.support.workloads import workload  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "webhook_busy_controller.json"
 CRD = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
 # No controller-manager runs here, so no rollout completes: the controller's own pace, unpaced.
+GO = "go-controller-runtime"
 UNPACED = lumigo_yaml(tracing={"injection": {"maxConcurrentRollouts": 0}})
 
 
@@ -117,34 +126,73 @@ def webhook_ca(kube: KubeClient, op: OperatorProcess, directory: Path) -> Path:
     return path
 
 
+def _load_in_child(load: tuple[int, Path, bytes, float, float], until: Any, results: Any) -> None:
+    results.put(offered_load(*load, until=until))
+
+
+def _result(child: BaseProcess, results: Any) -> dict[str, Any]:
+    while True:
+        with contextlib.suppress(queue.Empty):
+            found: dict[str, Any] = results.get(timeout=1.0)
+            child.join()
+            return found
+        if not child.is_alive():
+            raise RuntimeError(f"the load generator exited ({child.exitcode}) without figures")
+
+
 def measure(
-    port: int,
-    ca: Path,
+    targets: dict[str, tuple[int, Path]],
     body: bytes,
     rate: float,
     idle_seconds: float,
     work: Callable[[], None],
-) -> dict[str, Any]:
-    """Admissions with the controller idle, then while `work` runs in another thread."""
-    idle = offered_load(port, ca, body, rate, idle_seconds)
-    done = threading.Event()
-    failure: list[BaseException] = []
+) -> dict[str, dict[str, Any]]:
+    """Admissions at `rate`/s to each target (name: port, CA) at once, with the controller idle,
+    then while `work` runs here. Each target's load comes from a process of its own: in this one,
+    the work's JSON (1,000 Deployments listed every half second) would hold the generator's GIL
+    and its pauses would be counted as the webhook's."""
+    ctx = multiprocessing.get_context("spawn")
 
-    def run_work() -> None:
-        try:
-            work()
-        except BaseException as err:  # re-raised after the measurement
-            failure.append(err)
-        finally:
-            done.set()
+    def load(seconds: float, until: Any) -> dict[str, tuple[BaseProcess, Any]]:
+        started = {}
+        for name, (port, ca) in targets.items():
+            results = ctx.Queue()
+            child = ctx.Process(target=_load_in_child,
+                                args=((port, ca, body, rate, seconds), until, results))  # fmt: skip
+            child.start()
+            started[name] = (child, results)
+        return started
 
-    worker = threading.Thread(target=run_work, daemon=True)
-    worker.start()
-    busy = offered_load(port, ca, body, rate, 0, until=done)
-    worker.join()
-    if failure:
-        raise failure[0]
-    return {"idle": idle, "busy": busy}
+    idle = {name: _result(*started) for name, started in load(idle_seconds, None).items()}
+    done = ctx.Event()
+    children = load(0, done)
+    time.sleep(3.0)  # the children's start and warm-up, before the work begins
+    try:
+        work()
+    finally:
+        done.set()
+        busy = {name: _result(*started) for name, started in children.items()}
+    return {name: {"idle": idle[name], "busy": busy[name]} for name in targets}
+
+
+@contextlib.contextmanager
+def go_equivalent(directory: Path) -> Iterator[tuple[int, Path]]:
+    """bin/webhook-go (the README's Go-equivalent of the reference's webhook server) on a port
+    of its own, with the bench's certificate: its port and CA."""
+    webhook_servers.install_go_equivalent()
+    directory.mkdir()
+    webhook_servers.certificates(directory)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(webhook_servers.WEBHOOK_GO), f"-cert-dir={directory}",
+                               f"-port={port}"], stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: webhook_servers.listening(port), 30, "the Go webhook")
+        yield port, directory / "ca.pem"
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def pin(pids: list[int], cpus: set[int]) -> None:
@@ -189,7 +237,12 @@ def one_operator(
             timings.extend(busy_cycles(cluster, kube, busy, args.count, args.cycles))
 
         calls_before = injector_calls(cluster)
-        latency = measure(op.webhook_port, ca, body, args.rate, args.idle_seconds, cycle_work)
+        with contextlib.ExitStack() as stack:
+            targets = {"ours": (op.webhook_port, ca)}
+            if args.go:
+                # Started from here, it shares this process's CPUs (--pin) with the operator.
+                targets[GO] = stack.enter_context(go_equivalent(tmp / "go"))
+            latency = measure(targets, body, args.rate, args.idle_seconds, cycle_work)
         calls = {k: v - calls_before[k] for k, v in injector_calls(cluster).items()}
         time.sleep(5.0)  # the last cycle's events and relists settle
         saturated = saturation(op.webhook_port, body, args.connections, args.duration)
@@ -200,7 +253,8 @@ def one_operator(
         "workers": workers,
         "operator_rss_mib": {"idle": idle_rss, "after_saturation": loaded_rss},
         "saturation": saturated,
-        **latency,
+        **latency.pop("ours"),
+        "alongside": latency,
         "cycles": timings,
         "api_server_injector_calls": calls,
     }
@@ -244,6 +298,13 @@ def main() -> int:
         default=[0, 2],
         help="--webhook-workers values to measure (0: in the manager process)",
     )
+    parser.add_argument(
+        "--no-go",
+        dest="go",
+        action="store_false",
+        help="skip the Go-equivalent webhook (bin/webhook-go) measured alongside ours, at the "
+        "same rate through the same busy cycles: what this machine allows any webhook",
+    )
     parser.add_argument("--duration", type=float, default=10.0, help="wrk seconds")
     parser.add_argument("--connections", type=int, default=8, help="wrk connections")
     parser.add_argument(
@@ -266,13 +327,14 @@ def main() -> int:
               f"{rss['after_saturation']} MiB after saturation; saturated "
               f"({sat['connections']} conns): {sat['rps']}/s, p99 {sat['p99_ms']} ms, "
               f"non-2xx {sat['non_2xx']} {sat['socket_errors']}")  # fmt: skip
-        for name in ("idle", "busy"):
-            r = figures[name]
-            print(
-                f"  {name}: {r['requests']} admissions in {r['seconds']} s: "
-                f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms (p99 from "
-                f"the scheduled send {r['from_schedule_p99_ms']} ms), errors {r['errors']}"
-            )
+        for target, phases in [("ours", figures), *figures["alongside"].items()]:
+            for name in ("idle", "busy"):
+                r = phases[name]
+                print(
+                    f"  {target}, {name}: {r['requests']} admissions in {r['seconds']} s: "
+                    f"p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms, max {r['max_ms']} ms (p99 "
+                    f"from the scheduled send {r['from_schedule_p99_ms']} ms), errors {r['errors']}"
+                )
         for i, t in enumerate(figures["cycles"], 1):
             print(f"  cycle {i}: {args.count} Deployments instrumented in {t['instrument_s']} s, "
                   f"cleaned in {t['remove_s']} s")  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing.synchronize
 import os
 import platform
 import re
@@ -107,7 +108,7 @@ def offered_load(
     duration: float,
     path: str = PATH,
     *,
-    until: threading.Event | None = None,
+    until: threading.Event | multiprocessing.synchronize.Event | None = None,
 ) -> dict[str, Any]:
     """Open loop at `rate`/s on one keep-alive connection for `duration` seconds, and then on
     until `until` is set when given (a load measured while some other work runs)."""

@@ -166,7 +166,7 @@ def wsgi_app(environ: dict[str, Any], start_response: StartResponse) -> Iterable
 # --- server processes ------------------------------------------------------------------------
 
 
-def _certificates(directory: Path) -> tuple[Path, Path]:
+def certificates(directory: Path) -> tuple[Path, Path]:
     """A serving pair made by the operator's own certificate code; the CA goes to ca.pem."""
     from webhook.admission import certs
 
@@ -181,7 +181,7 @@ def _certificates(directory: Path) -> tuple[Path, Path]:
 
 def serve(library: str, workers: int, directory: Path) -> None:
     """Child process: serve on the port in `directory/port` until SIGTERM."""
-    cert, key = _certificates(directory)
+    cert, key = certificates(directory)
     port = int((directory / "port").read_text())
     if library == "go":
         os.execv(WEBHOOK_GO, [str(WEBHOOK_GO), f"-cert-dir={directory}", f"-port={port}"])
@@ -242,7 +242,7 @@ def tree_rss_mib(pid: int) -> float:
     return round(total / 1024, 1)
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
     import socket
 
     try:
@@ -272,7 +272,7 @@ def measure(name: str, body: bytes, args: argparse.Namespace) -> dict[str, Any]:
                 "--dir",
                 str(directory),
             ]
-            ready = lambda: (directory / "ca.pem").exists() and _listening(port)  # noqa: E731
+            ready = lambda: (directory / "ca.pem").exists() and listening(port)  # noqa: E731
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(LIBS), str(ROOT), str(ROOT / "hack"), str(BENCH)]),
