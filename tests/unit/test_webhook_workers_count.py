@@ -1,7 +1,9 @@
-"""How many admission worker processes: the flag, and the container's CPU limit behind 'auto'."""
+"""Admission worker processes: how many (the flag, and the container's CPU limit behind
+'auto'), their metrics directories, and their readiness."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from controller import admission_workers
 from controller.cli import _parser
 from controller.options import run_options
+from webhook.admission.readiness import NotReady
 
 
 def parse(*args: str) -> int:
@@ -93,3 +96,42 @@ def test_metrics_directories_of_managers_that_are_gone_are_removed(
         path.mkdir()
     admission_workers._remove_stale_metrics_dirs()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours.name, unrelated.name])
+
+
+class _Manager:
+    """The worker's pipe to its manager: what it was told, and whether the heap was frozen."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, object]] = []
+        self.frozen_when_told: list[int] = []
+
+    def send(self, message: tuple[str, object]) -> bool:
+        self.told.append(message)
+        self.frozen_when_told.append(gc.get_freeze_count())
+        return True
+
+
+def test_a_worker_freezes_its_start_up_heap_once_ready_before_it_says_so() -> None:
+    """A full collection in a worker would walk every start-up object (20-50 ms on busy cores,
+    an admission waiting behind it); once ready, the start-up heap is out of its sight."""
+    gc.unfreeze()
+    synced = False
+
+    def check() -> None:
+        if not synced:
+            raise NotReady("the Lumigo cache has not synced yet")
+
+    manager = _Manager()
+    readiness = admission_workers.Readiness(check, manager)  # type: ignore[arg-type]
+    try:
+        readiness.report()
+        assert manager.told == [("ready", (False, "the Lumigo cache has not synced yet"))]
+        assert gc.get_freeze_count() == 0  # not while starting: start-up garbage still goes
+        synced = True
+        readiness.report()
+        assert manager.told[-1] == ("ready", (True, ""))
+        assert manager.frozen_when_told[-1] > 1000  # frozen before the manager heard "ready"
+        readiness.report()
+        assert len(manager.told) == 2  # told once per change
+    finally:
+        gc.unfreeze()
