@@ -28,9 +28,7 @@ import contextlib
 import datetime as dt
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -99,21 +97,11 @@ def _served() -> float:
 def go_webhook(kube: KubeClient, namespace: str, directory: Path) -> Iterator[int]:
     """bin/webhook-go serving the certificate our certificate manager wrote in `namespace` (the
     one the API server trusts): its port."""
-    webhook_servers.install_go_equivalent()
     state = certs.decode(kube.get(SECRETS, SECRET, namespace)["data"])
     (directory / "tls.crt").write_bytes(state.serving.cert_pem)
     (directory / "tls.key").write_bytes(state.serving.key_pem)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    server = subprocess.Popen([str(webhook_servers.WEBHOOK_GO), f"-cert-dir={directory}",
-                               f"-port={port}"], stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        wait_until(lambda: webhook_servers.listening(port), 30, "the Go webhook")
+    with webhook_servers.go_equivalent_server(directory) as port:
         yield port
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def deployments_file(directory: Path, prefix: str, count: int) -> Path:

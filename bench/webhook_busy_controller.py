@@ -32,8 +32,6 @@ import json
 import multiprocessing
 import os
 import queue
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -177,22 +175,12 @@ def measure(
 
 @contextlib.contextmanager
 def go_equivalent(directory: Path) -> Iterator[tuple[int, Path]]:
-    """bin/webhook-go (the README's Go-equivalent of the reference's webhook server) on a port
-    of its own, with the bench's certificate: its port and CA."""
-    webhook_servers.install_go_equivalent()
+    """bin/webhook-go (the README's Go-equivalent of the reference's webhook server) with the
+    bench's certificate: its port and CA."""
     directory.mkdir()
     webhook_servers.certificates(directory)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([str(webhook_servers.WEBHOOK_GO), f"-cert-dir={directory}",
-                               f"-port={port}"], stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        wait_until(lambda: webhook_servers.listening(port), 30, "the Go webhook")
+    with webhook_servers.go_equivalent_server(directory) as port:
         yield port, directory / "ca.pem"
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def pin(pids: list[int], cpus: set[int]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import json
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,21 @@ def install_go_equivalent() -> None:
     if not WEBHOOK_GO.exists():
         subprocess.run([sys.executable, str(ROOT / "hack" / "install-tools"), "webhook-go"],
                        check=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def go_equivalent_server(cert_dir: Path) -> Iterator[int]:
+    """bin/webhook-go serving tls.crt/tls.key of `cert_dir` on a free loopback port: its port."""
+    install_go_equivalent()
+    port = free_port()
+    server = subprocess.Popen([str(WEBHOOK_GO), f"-cert-dir={cert_dir}", f"-port={port}"],
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: listening(port), 30, "the Go webhook")
+        yield port
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 def install_libraries() -> None:
