@@ -43,6 +43,13 @@ LABEL_ENABLE_TRACES: Final = "lumigo.enable-traces"
 LABEL_ENABLE_LOGS: Final = "lumigo.enable-logs"
 DEFAULT_TOKEN_SECRET: Final = "lumigo-credentials"
 DEFAULT_TOKEN_KEY: Final = "token"
+# What the API server accepts as a Secret's name (a DNS-1123 subdomain) and as a key of its data
+# (`IsConfigMapKey`: not ".", not starting with ".."). RE2-compatible (no look-arounds), so the CRD
+# carries the same patterns; "" is let through because a blank reference has its own message.
+SECRET_NAME_MAX_LENGTH: Final = 253
+SECRET_NAME_PATTERN: Final = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
+SECRET_KEY_MAX_LENGTH: Final = 253
+SECRET_KEY_PATTERN: Final = r"^(\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*)?$"
 
 # --- Conditions ---------------------------------------------------------------------------
 CONDITION_ACTIVE: Final = "Active"

@@ -40,15 +40,25 @@ def field_schema(field: fields.Field[Any]) -> JSONSchema:
     elif isinstance(field, fields.Integer):
         out = _integer_schema(field)
     elif isinstance(field, fields.String):
-        out = {"type": "string"}
-        for validator in field.validators:
-            if isinstance(validator, marshmallow.validate.OneOf):
-                out["enum"] = list(validator.choices)
+        out = _string_schema(field)
     else:  # pragma: no cover - a new field type must be mapped explicitly
         raise TypeError(f"no OpenAPI mapping for {type(field).__name__}")
     description = field.metadata.get("description")
     if description:
         out = {"description": description, **out}
+    return out
+
+
+def _string_schema(field: fields.String) -> JSONSchema:
+    """A string's enum, pattern and maximum length, so the API server refuses what we would."""
+    out: JSONSchema = {"type": "string"}
+    for validator in field.validators:
+        if isinstance(validator, marshmallow.validate.OneOf):
+            out["enum"] = list(validator.choices)
+        elif isinstance(validator, marshmallow.validate.Regexp):
+            out["pattern"] = validator.regex.pattern
+        elif isinstance(validator, marshmallow.validate.Length) and validator.max is not None:
+            out["maxLength"] = validator.max
     return out
 
 

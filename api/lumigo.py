@@ -8,6 +8,7 @@ dumping a spec.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -28,6 +29,14 @@ class InvalidSpecError(ValueError):
         )
 
 
+# A wrong value is quoted in the error (a CR's status, a denial) only this long: a tenant's spec
+# must not turn into a megabyte of status.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 64
+_SHORT.maxlist = _SHORT.maxdict = 4
+_SHORT.maxlevel = 2
+
+
 class _Strict(fields.Field[Any]):
     """Only JSON values of `kind`, never coerced: marshmallow's Boolean would silently accept
     "yes", 1 or "off", and its String a number."""
@@ -37,22 +46,22 @@ class _Strict(fields.Field[Any]):
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
         if isinstance(value, self.kind):
             return value
-        raise self.make_error("invalid", input=value)
+        raise self.make_error("invalid", input=_SHORT.repr(value))
 
 
 class StrictBoolean(_Strict, fields.Boolean):
     kind = bool
-    default_error_messages = {"invalid": "must be a boolean (true or false), got {input!r}"}
+    default_error_messages = {"invalid": "must be a boolean (true or false), got {input}"}
 
 
 class StrictString(_Strict, fields.String):
     kind = str
-    default_error_messages = {"invalid": "must be a string, got {input!r}"}
+    default_error_messages = {"invalid": "must be a string, got {input}"}
 
 
 class StrictInteger(_Strict, fields.Integer):
     kind = int
-    default_error_messages = {"invalid": "must be an integer, got {input!r}"}
+    default_error_messages = {"invalid": "must be an integer, got {input}"}
 
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> Any:
         if isinstance(value, bool):  # a bool is an int to Python, never to the API
@@ -147,15 +156,47 @@ class LumigoSpec:
     infrastructure: Infrastructure = field(default_factory=Infrastructure)
 
 
+# A Secret's name and data key are checked as the API server checks them before they ever reach
+# a request path: a name such as "../../kube-system/secrets/x" must be refused here, not resolved.
+_SECRET_NAME = [
+    marshmallow.validate.Length(
+        max=constants.SECRET_NAME_MAX_LENGTH,
+        error=f"must be at most {constants.SECRET_NAME_MAX_LENGTH} characters",
+    ),
+    marshmallow.validate.Regexp(
+        constants.SECRET_NAME_PATTERN,
+        error=(
+            "must be the name of a Secret in the same namespace: lowercase letters, digits, '-'"
+            " and '.', starting and ending with a letter or digit (a DNS-1123 subdomain)"
+        ),
+    ),
+]
+_SECRET_KEY = [
+    marshmallow.validate.Length(
+        max=constants.SECRET_KEY_MAX_LENGTH,
+        error=f"must be at most {constants.SECRET_KEY_MAX_LENGTH} characters",
+    ),
+    marshmallow.validate.Regexp(
+        constants.SECRET_KEY_PATTERN,
+        error=(
+            "must be a key of a Secret's data: letters, digits, '-', '_' and '.', not '.' and"
+            " not starting with '..'"
+        ),
+    ),
+]
+
+
 class SecretRefSchema(_ModelSchema):
     model = SecretRef
 
     name = StrictString(
         required=True,
+        validate=_SECRET_NAME,
         metadata={"description": "Name of the Secret, in the same namespace, holding the token."},
     )
     key = StrictString(
         load_default="",
+        validate=_SECRET_KEY,
         # "" is Go's zero value (absent), not a schema default: the CRD declares no default.
         metadata={
             "description": "Key in the Secret whose value is the Lumigo token.",

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from api import constants
 from api.crd import crd_manifest
 from api.lumigo import InvalidSpecError, dump_spec, load_spec, validate_status
+from webhook.admission.kubeapi import SECRETS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
@@ -210,3 +211,36 @@ def test_constants_are_the_reference_names() -> None:
         "Job",
     ]
     assert len(constants.INJECTED_ENV_NAMES) == 7
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name", "path"),
+    [
+        (
+            "tenant",
+            "../../kube-system/secrets/x",
+            "/api/v1/namespaces/tenant/secrets/..%2F..%2Fkube-system%2Fsecrets%2Fx",
+        ),
+        ("tenant", "..", "/api/v1/namespaces/tenant/secrets/%2E%2E"),
+        ("..", ".", "/api/v1/namespaces/%2E%2E/secrets/%2E"),
+        ("tenant", "a?b#c%d e", "/api/v1/namespaces/tenant/secrets/a%3Fb%23c%25d%20e"),
+        ("tenant", "lumigo-credentials", "/api/v1/namespaces/tenant/secrets/lumigo-credentials"),
+    ],
+)  # fmt: skip
+def test_every_path_segment_the_client_builds_is_escaped(
+    namespace: str, name: str, path: str
+) -> None:
+    """Issue 28 item 1: whatever a caller passes, the request stays in its namespace."""
+    assert SECRETS.path(namespace, name) == path
+
+
+def test_secret_name_and_key_patterns_are_re2_compatible_and_match_python() -> None:
+    """The CRD carries the same patterns the schema applies (no look-arounds: RE2)."""
+    for pattern in (constants.SECRET_NAME_PATTERN, constants.SECRET_KEY_PATTERN):
+        assert "(?" not in pattern
+    secret_ref = committed_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    secret_ref = secret_ref["properties"]["spec"]["properties"]["lumigoToken"]
+    secret_ref = secret_ref["properties"]["secretRef"]["properties"]
+    assert secret_ref["name"]["pattern"] == constants.SECRET_NAME_PATTERN
+    assert secret_ref["key"]["pattern"] == constants.SECRET_KEY_PATTERN
+    assert secret_ref["name"]["maxLength"] == secret_ref["key"]["maxLength"] == 253

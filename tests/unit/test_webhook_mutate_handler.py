@@ -146,6 +146,41 @@ def test_a_spec_with_wrong_types_is_denied_naming_the_field(spec: Any, message: 
     assert response.message.startswith("invalid Lumigo spec: ")
 
 
+@pytest.mark.parametrize(
+    ("ref", "field", "what"),
+    [
+        ({"name": "../../kube-system/secrets/x", "key": "token"}, "name", "DNS-1123 subdomain"),
+        ({"name": "Lumigo_Credentials", "key": "token"}, "name", "DNS-1123 subdomain"),
+        ({"name": "a" * 254, "key": "token"}, "name", "at most 253 characters"),
+        ({"name": "lumigo-credentials", "key": "../token"}, "key", "key of a Secret's data"),
+        ({"name": "lumigo-credentials", "key": ".."}, "key", "key of a Secret's data"),
+        ({"name": "lumigo-credentials", "key": "to/ken"}, "key", "key of a Secret's data"),
+    ],
+)
+def test_a_secret_reference_kubernetes_would_refuse_is_denied_saying_what_to_fix(
+    ref: JSON, field: str, what: str
+) -> None:
+    """Issue 28 item 1: a name such as ../../kube-system/secrets/x never reaches a request."""
+    response = admit(new_lumigo({"lumigoToken": {"secretRef": ref}}))
+    assert not response.allowed
+    assert response.code == 422
+    assert f"spec.lumigoToken.secretRef.{field}: must be" in response.message
+    assert what in response.message
+    assert len(response.message) < 400  # the hostile value is not quoted back
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        {"name": "lumigo-credentials", "key": "token"},
+        {"name": "a.b-c1", "key": ".hidden_Key-1.x"},
+        {"name": "a" * 253, "key": "k" * 253},
+    ],
+)
+def test_every_secret_reference_kubernetes_accepts_is_allowed(ref: JSON) -> None:
+    assert admit(new_lumigo({"lumigoToken": {"secretRef": ref}})).allowed
+
+
 def test_deletions_and_other_kinds_are_allowed() -> None:
     handler = MutateHandler(StaticLister({"ns": [lumigo()]}))
     deletion = parse_review(

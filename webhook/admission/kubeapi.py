@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 JSON = dict[str, Any]
 
@@ -30,13 +31,23 @@ class Resource:
         return self.api_version.rpartition("/")[0]
 
     def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The REST path; `namespace` and `name` are escaped, so whatever a caller passes (a
+        name from a tenant's spec such as "../../kube-system/secrets/x") stays one segment."""
         base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
         if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
+            base += f"/namespaces/{path_segment(namespace)}"
         base += f"/{self.plural}"
         if name:
-            base += f"/{name}"
+            base += f"/{path_segment(name)}"
         return base
+
+
+def path_segment(value: str) -> str:
+    """`value` as exactly one URL path segment: every reserved character percent-escaped, and
+    the dot-segments "." and ".." (which HTTP clients resolve away) escaped too."""
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
 
 
 # The kinds the certificate manager writes.
