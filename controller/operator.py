@@ -130,6 +130,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         error_requeue=opts.error_requeue,
         reverter=reverter,
         rollout_timeout=opts.rollout_timeout,
+        operator_namespace=opts.namespace,
     )
 
     def every_lumigo_in_namespace(obj: JSON) -> list[ObjectKey]:

@@ -5,6 +5,9 @@ the API server, and makes it so — so a crash at any point is repaired by the n
 
 - One Lumigo per namespace governs it (`api.effective`: the oldest, by creationTimestamp then
   name); the others get the reference's Error condition.
+- `kube-system` and the operator's own namespace are never instrumented (the webhook's
+  namespaceSelector leaves them out too): a Lumigo there gets an Error condition saying so
+  (reason ExcludedNamespace), and nothing else happens.
 - Opt-out: a workload labelled `lumigo.auto-trace=false` whose pod template still carries our
   instrumentation (labelled while the webhook was down, or before this operator version) is
   cleaned, label kept, with a LumigoRemovedInstrumentation event — whatever the spec says about
@@ -89,6 +92,8 @@ class LumigoReconciler:
     reverter: Reverter | None = None  # None: no automatic revert
     rollout_timeout: float = 600.0  # a rollout of ours holds a budget slot at most this long
     rollout_poll: float = 5.0  # requeue period while rollouts are under way or watched
+    # Never instrumented, as the webhook's namespaceSelector says (with kube-system).
+    operator_namespace: str = ""
     # Rollouts started by this process that the cache does not show yet (our write's watch
     # event may arrive after the next reconcile starts): they hold their slot meanwhile.
     _started: dict[Target, float] = field(default_factory=dict, init=False)
@@ -137,6 +142,9 @@ class LumigoReconciler:
     # -- validation ----------------------------------------------------------------------------
     def _problem(self, lumigo: JSON) -> tuple[str | None, str, LumigoSpec | None]:
         namespace = lumigo["metadata"]["namespace"]
+        excluded = st.excluded_namespace_problem(namespace, self.operator_namespace)
+        if excluded is not None:
+            return excluded, st.REASON_EXCLUDED_NAMESPACE, None
         oldest = self.effective_lumigo(namespace)
         if oldest is not None and oldest["metadata"]["name"] != lumigo["metadata"]["name"]:
             return st.OTHER_INSTANCES, st.REASON_DUPLICATE, None

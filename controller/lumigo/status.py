@@ -34,6 +34,11 @@ REASON_NO_ERROR = "NoError"
 REASON_INVALID_SECRET = "InvalidTokenSecret"
 REASON_DUPLICATE = "DuplicateLumigo"
 REASON_INVALID_SPEC = "InvalidSpec"
+REASON_EXCLUDED_NAMESPACE = "ExcludedNamespace"
+
+# Never instrumented, whatever a Lumigo there says: the injector webhook's namespaceSelector
+# leaves out the same namespaces (charts/lumigo-operator/templates/webhooks.yaml, config/webhook).
+KUBE_SYSTEM = "kube-system"
 
 _TOKEN = re.compile(constants.TOKEN_PATTERN)
 
@@ -94,6 +99,25 @@ def secret_value(secret: JSON, key: str) -> str | None:
     if key in string_data:
         return str(string_data[key])
     return None
+
+
+def excluded_namespace_problem(namespace: str, operator_namespace: str) -> str | None:
+    """Why a Lumigo in `namespace` never takes effect, or None when it may.
+
+    `kube-system` and the operator's own namespace are never instrumented: the webhook is not
+    called there (its namespaceSelector), so the controller must not instrument them either.
+    """
+    if namespace == KUBE_SYSTEM:
+        what = "Kubernetes' own namespace"
+    elif operator_namespace and namespace == operator_namespace:
+        what = "the Lumigo operator's own namespace"
+    else:
+        return None
+    return (
+        f"the '{namespace}' namespace is {what}, which Lumigo never traces: no workload is "
+        "instrumented here; create the Lumigo resource in the namespace of the applications "
+        "to trace"
+    )
 
 
 @dataclass(frozen=True)
