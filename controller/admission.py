@@ -18,6 +18,7 @@ from controller.lumigo.injection_mode import AutoInjectionMode
 from controller.lumigo.nodes import node_informer
 from controller.lumigo.resources import LUMIGOES
 from controller.options import RunOptions
+from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, Runnable
@@ -142,7 +143,13 @@ def inject_handler(
     recorder: events.EventRecorder,
     injection_mode: Callable[[], str] | None,
 ) -> InjectHandler:
-    """The injector route's handler, answering from `lumigoes` once it has synced."""
+    """The injector route's handler, answering from `lumigoes` once it has synced.
+
+    Its events name objects from requests anyone reaching the webhook port can forge: given this
+    process's recorder, it records them to be verified before they are posted (a worker's, sent
+    to the manager, are verified there: `AdmissionWorkers`)."""
+    if isinstance(recorder, EventRecorder):
+        recorder = AdmissionEvents(recorder)
     settings = injection_settings(opts)
     return InjectHandler(SyncedLister(lumigoes), recorder, settings, injection_mode=injection_mode)
 

@@ -211,8 +211,10 @@ class AdmissionWorkers:
         except (EOFError, OSError):
             worker.ready, worker.reason = False, "exited"
             return
-        if kind == "event":
-            self.recorder.record(payload)
+        if kind == "event" and isinstance(payload, events.PendingEvent):
+            # About an object named by an admission request, which anyone reaching the webhook
+            # port can forge: posted only once the object is found as the request names it.
+            self.recorder.record(payload, verify=True)
         elif kind == "ready":
             worker.ready, worker.reason = bool(payload[0]), str(payload[1])
 
@@ -370,8 +372,7 @@ class ForwardedEvents:
         self.dropped = 0
 
     def event(self, obj: JSON, type: str, reason: str, message: str, component: str) -> None:
-        reference, text = events.object_reference(obj), message[: events.MAX_MESSAGE]
-        pending = events.PendingEvent(reference, type, reason, text, component)
+        pending = events.pending_event(obj, type, reason, message, component, verify=True)
         if not self._spam.allow(pending):
             self.dropped += 1
             return

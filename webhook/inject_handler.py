@@ -331,7 +331,9 @@ class InjectHandler:
         problem = mutation.container_selection(subject.obj, kind).problem
         if problem is None or subject.request.dry_run:
             return
-        self._event(subject, events.WARNING, constants.REASON_INVALID_CONTAINERS, problem)
+        # Quotes the annotations' names: user text, bounded like every other quoted value.
+        message = events.bounded(problem, 2 * events.MAX_QUOTED)
+        self._event(subject, events.WARNING, constants.REASON_INVALID_CONTAINERS, message)
 
     def _settings_for(self, source: _Source, obj: JSON) -> InjectionSettings:
         if source.reason == "lumigo":
