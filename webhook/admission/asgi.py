@@ -3,12 +3,24 @@
 The framing rules of a webhook are checked before a byte of body is read (so `100 Continue` is
 only sent for a body we accept): one Content-Length, no chunked body (411), at most
 `max_body_bytes` (413, 7 MiB: the API server caps an object at 3 MiB and a review holds object +
-oldObject, like controller-runtime's limit). Memory stays bounded whatever the clients do:
-bodies held at once are capped by `body_budget_bytes` (claimed by Content-Length before
-reading), and bodies being handled at once by `handler_budget_bytes`, because a JSON body
-expands ~24x into Python objects (one 7 MiB review peaks at ~220 MiB in the inject handler).
-Small requests (almost every admission: a few KiB, ~0.2 ms of CPU) are handled on the event
-loop; large ones on a thread, so they never hold up the small ones behind them.
+oldObject, like controller-runtime's limit). Memory stays bounded whatever the clients do, and
+no client can make another wait for room:
+- A large body (above `INLINE_BYTES`) is counted against `body_budget_bytes` as its bytes arrive,
+  a quantum ahead of them, never by what its Content-Length announces: a client that announces
+  7 MiB and trickles holds only what it sent. A body that needs room when the budget is full is
+  refused at once (503, Retry-After) and its bytes are released, so bodies never wait for each
+  other (with room for four, five that each hold a fifth would otherwise all wait forever).
+- A small body (almost every admission: a few KiB) is never counted and never waits: uvicorn
+  stops reading a connection with more than 64 KiB (`INLINE_BYTES`) of body unread, so the
+  connection cap already bounds what small bodies hold.
+- A body must keep arriving: no pause longer than `body_grace`, and after the first
+  `body_grace` seconds at least `min_body_rate` bytes/s on average (408 otherwise, closing), so
+  a trickling client gives its connection and its bytes back within seconds, well before the
+  request deadline of the protocol.
+- Bodies being handled at once are capped by `handler_budget_bytes`, because a JSON body
+  expands ~24x into Python objects (one 7 MiB review peaks at ~220 MiB in the inject handler).
+Small requests (~0.2 ms of CPU) are handled on the event loop; large ones on a thread, so they
+never hold up the small ones behind them.
 """
 
 from __future__ import annotations
@@ -33,16 +45,19 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-INLINE_BYTES = 64 * 1024  # bodies up to this size are handled on the event loop
+INLINE_BYTES = 64 * 1024  # bodies up to this size are never counted, and handled on the loop
+QUANTUM = 256 * 1024  # room a large body takes ahead of the bytes it is sent
 _DIGITS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
 class BodyLimits:
     max_body_bytes: int
-    body_budget_bytes: int
-    handler_budget_bytes: int
-    wait_timeout: float  # the longest a request waits for room in a budget (then 503)
+    body_budget_bytes: int  # bytes of large bodies held at once, counted as they arrive
+    handler_budget_bytes: int  # bytes of large bodies being handled at once
+    wait_timeout: float  # the longest a body waits for room to be handled (then 503)
+    min_body_rate: float  # bytes/s a body must arrive at on average, after `body_grace`
+    body_grace: float  # seconds a body may pause, or lag behind `min_body_rate`
 
 
 class HandlerApp:
@@ -77,21 +92,59 @@ class HandlerApp:
         target = scope["raw_path"].decode("latin-1")
         if scope.get("query_string"):
             target += "?" + scope["query_string"].decode("latin-1")
-        size = length or 0
-        if not await self._bodies.claim(size, self.limits.wait_timeout):
-            await _send(send, status_response(503, "too many large requests at once: try again",
-                                              close=True))  # fmt: skip
-            return
+        held = _Held(self._bodies if (length or 0) > INLINE_BYTES else None)
         try:
-            body = await _read_body(receive, size)
+            body = await self._read_body(receive, length or 0, held)
             if body is None:
                 return  # the client went away
             request = Request(scope["method"], target, headers, body, length)
             del body
             response = await self._handle(request)
+        except _Refused as refused:
+            response = refused.response
         finally:
-            self._bodies.release(size)
+            held.release()
         await _send(send, response)
+
+    @property
+    def body_bytes_held(self) -> int:
+        """Bytes of large bodies counted against the budget right now."""
+        return self._bodies.capacity - self._bodies.free
+
+    async def _read_body(self, receive: Receive, size: int, held: _Held) -> bytes | None:
+        """The body, counted in `held` a quantum ahead of its bytes; None if the client left.
+        Raises _Refused when the budget has no room (503) or the body is too slow (408)."""
+        if not size:
+            return b""
+        limits = self.limits
+        chunks: list[bytes] = []
+        received = 0
+        loop = asyncio.get_running_loop()
+        started = last = loop.time()
+        while True:
+            if not held.cover(min(size, received + QUANTUM)):
+                message = (f"too many large request bodies at once ({self._bodies.capacity} "
+                           f"bytes held): try again")  # fmt: skip
+                raise _Refused(status_response(503, message, headers={"Retry-After": "1"},
+                                               close=True))  # fmt: skip
+            deadline = min(last, started + received / limits.min_body_rate) + limits.body_grace
+            try:
+                async with asyncio.timeout_at(deadline):
+                    event = await receive()
+            except TimeoutError:
+                message = (f"the request body arrives too slowly ({received} of {size} bytes; "
+                           f"at least {limits.min_body_rate:.0f} bytes/s, with pauses of at "
+                           f"most {limits.body_grace:g} s)")  # fmt: skip
+                raise _Refused(status_response(408, message, close=True)) from None
+            if event["type"] == "http.disconnect":
+                return None
+            if chunk := event.get("body", b""):
+                chunks.append(chunk)
+                received += len(chunk)
+                last = loop.time()
+                held.take_at_least(received)
+            if not event.get("more_body", False):
+                return b"".join(chunks)
 
     async def _handle(self, request: Request) -> Response:
         size = len(request.body)
@@ -111,19 +164,6 @@ class HandlerApp:
         except Exception:
             log.exception("request handler failed", extra={"server": self.name})
             return status_response(500, "internal error while handling the request")
-
-
-async def _read_body(receive: Receive, size: int) -> bytes | None:
-    if not size:
-        return b""
-    chunks = bytearray()
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks += message.get("body", b"")
-        if not message.get("more_body", False):
-            return bytes(chunks)
 
 
 async def _send(send: Send, response: Response) -> None:
@@ -173,6 +213,35 @@ class _Refused(Exception):
         self.response = response
 
 
+class _Held:
+    """The bytes one request holds in a budget (None: a small body, never counted)."""
+
+    def __init__(self, budget: ByteBudget | None) -> None:
+        self.budget = budget
+        self.bytes = 0
+
+    def cover(self, total: int) -> bool:
+        """Hold `total` bytes, if the budget has room for what that adds."""
+        if self.budget is None or total <= self.bytes:
+            return True
+        if not self.budget.try_acquire(total - self.bytes):
+            return False
+        self.bytes = total
+        return True
+
+    def take_at_least(self, total: int) -> None:
+        """Bytes that arrived beyond what was covered (uvicorn reads ahead up to 64 KiB) are
+        here already: counted even when they overdraw the budget."""
+        if self.budget is not None and total > self.bytes:
+            self.budget.overdraw(total - self.bytes)
+            self.bytes = total
+
+    def release(self) -> None:
+        if self.budget is not None:
+            self.budget.release(self.bytes)
+        self.bytes = 0
+
+
 class ByteBudget:
     """At most `capacity` bytes held at once (event loop thread only). Waiters are served in
     order, but one that does not fit yet does not hold back smaller ones behind it: a normal
@@ -215,6 +284,10 @@ class ByteBudget:
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(entry)
+
+    def overdraw(self, size: int) -> None:
+        """Count bytes that are held already, even beyond the capacity."""
+        self.free -= size
 
     def release(self, size: int) -> None:
         if size <= 0:

@@ -79,8 +79,10 @@ class ServerOptions:
     request_timeout: float = 10.0  # first byte of a request -> its body complete
     handshake_timeout: float = 3.0
     max_body_bytes: int = MAX_BODY_BYTES
-    body_budget_bytes: int = 32 * MiB  # bodies held at once (claimed before reading)
+    body_budget_bytes: int = 32 * MiB  # large bodies held at once (counted as they arrive)
     handler_budget_bytes: int = MAX_BODY_BYTES + MiB  # bodies being handled at once
+    min_body_rate: float = 128 * 1024  # bytes/s a body must arrive at, on average...
+    body_grace: float = 2.0  # ...after this many seconds; nor may it pause longer (408)
     max_request_line: int = 8192
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
@@ -164,6 +166,7 @@ class HTTPServer:
                   if f.init and hasattr(options, f.name)}  # fmt: skip
         self._limits = Connections(cap=options.max_connections, name=name, **shared)
         self._server: _Uvicorn | None = None
+        self._app: HandlerApp | None = None
         self._thread: threading.Thread | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopping = threading.Event()
@@ -179,6 +182,11 @@ class HTTPServer:
     def connections(self) -> int:
         """Connections open right now (handshake done)."""
         return len(self._server.server_state.connections) if self._server is not None else 0
+
+    @property
+    def body_bytes_held(self) -> int:
+        """Bytes of large request bodies held right now (counted against the body budget)."""
+        return self._app.body_bytes_held if self._app is not None else 0
 
     @property
     def accepted(self) -> int:
@@ -218,10 +226,13 @@ class HTTPServer:
             body_budget_bytes=opts.body_budget_bytes,
             handler_budget_bytes=opts.handler_budget_bytes,
             wait_timeout=opts.request_timeout,
+            min_body_rate=opts.min_body_rate,
+            body_grace=opts.body_grace,
         )
+        self._app = HandlerApp(self.handler, limits, self._pool, self.name)
         tls = self.tls
         config = uvicorn.Config(
-            HandlerApp(self.handler, limits, self._pool, self.name),
+            self._app,
             lifespan="off",
             ws="none",
             interface="asgi3",
