@@ -109,12 +109,13 @@ def offered_load(
     path: str = PATH,
     *,
     until: threading.Event | multiprocessing.synchronize.Event | None = None,
+    warmup: int = 200,
 ) -> dict[str, Any]:
     """Open loop at `rate`/s on one keep-alive connection for `duration` seconds, and then on
     until `until` is set when given (a load measured while some other work runs)."""
     ctx = ssl.create_default_context(cafile=str(ca))
     client = reviews.Client(port, ctx)
-    for _ in range(200):  # warm up the connection and the server's code paths
+    for _ in range(warmup):  # warm up the connection and the server's code paths
         client.post(path, body)
     latencies: list[float] = []  # send -> response: what a caller waits
     lags: list[float] = []  # scheduled send -> response: adds the generator's own wake-up lag

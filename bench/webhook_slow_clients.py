@@ -6,7 +6,9 @@ The server runs the real routes with production defaults in its own process. A c
 keeps --crowd connections open the whole time (re-opening those the server cuts):
   idle     TLS connections that never send a byte,
   trickle  TLS connections sending a request head at 1 byte/s,
-  tcp      TCP connections that never start the TLS handshake.
+  tcp      TCP connections that never start the TLS handshake;
+and --announcers connections (20) that each announce a large body (a fifth of the body budget:
+five add up to all of it) and trickle it at 1 byte/s (issue 28 item 3: `announce`).
 Meanwhile legitimate admissions run open loop at --rate/s for --duration s, on one keep-alive
 connection (as the API server's pool) and on a new connection each (handshake included).
 Then --big concurrent maximum-size (7 MiB) requests plus a normal one: the server's peak RSS
@@ -14,6 +16,7 @@ Then --big concurrent maximum-size (7 MiB) requests plus a normal one: the serve
 bench/results/webhook_slow_clients.json.
 
     .venv/bin/python bench/webhook_slow_clients.py [--crowd 1000] [--rate 50] [--duration 10]
+        [--announcers 20] [--only none,idle,trickle,tcp,announce] [--no-big]
 """
 
 from __future__ import annotations
@@ -47,10 +50,14 @@ from tests.support.webhook_server import (  # noqa: E402
     raise_fd_limit,
     server_process,
 )
+from webhook.admission.server import ServerOptions  # noqa: E402
 
 PATH = "/v1alpha1/inject"
 RESULTS = ROOT / "bench" / "results" / "webhook_slow_clients.json"
-KINDS = ("idle", "trickle", "tcp")
+KINDS = ("idle", "trickle", "tcp", "announce")
+ANNOUNCED = ServerOptions().body_budget_bytes // 5  # five announcements add up to the budget
+ANNOUNCE_HEAD = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {ANNOUNCED}\r\n\r\n").encode() + b'{"kind":'  # fmt: skip
 
 
 # --- the crowd (a process of its own, so its threads do not slow the measuring client) ---------
@@ -60,7 +67,10 @@ def _open(kind: str, port: int, context: ssl.SSLContext) -> socket.socket:
     raw = socket.create_connection(("127.0.0.1", port), timeout=30)
     if kind == "tcp":
         return raw
-    return context.wrap_socket(raw, server_hostname="127.0.0.1")
+    sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    if kind == "announce":
+        sock.sendall(ANNOUNCE_HEAD)
+    return sock
 
 
 def _cut(sock: socket.socket) -> bool:
@@ -106,9 +116,12 @@ def crowd(kind: str, port: int, ca: Path, count: int) -> None:
     reopened = 0
     while not stop.wait(1.0):  # one round a second: the trickle's pace
         for i, sock in enumerate(socks):
-            if sock is not None and kind == "trickle":
+            if sock is not None and kind in ("trickle", "announce"):
                 try:
-                    sock.sendall(Trickler.HEAD[sent[i] : sent[i] + 1])
+                    byte = Trickler.HEAD[sent[i] : sent[i] + 1] if kind == "trickle" else b" "
+                    if _cut(sock):  # answered (408) and closed: sending alone may not notice
+                        raise ConnectionError
+                    sock.sendall(byte)
                     sent[i] += 1
                     continue
                 except OSError:
@@ -174,10 +187,11 @@ def fresh_connections(port: int, context: ssl.SSLContext, body: bytes, rate: flo
     }
 
 
-def admissions(port: int, ca: Path, body: bytes, rate: float, duration: float) -> dict[str, Any]:
+def admissions(port: int, ca: Path, body: bytes, rate: float, duration: float,
+               warmup: int = 200) -> dict[str, Any]:  # fmt: skip
     context = ssl.create_default_context(cafile=str(ca))
     return {
-        "keep_alive": offered_load(port, ca, body, rate, duration),
+        "keep_alive": offered_load(port, ca, body, rate, duration, warmup=warmup),
         "new_connection": fresh_connections(port, context, body, rate, duration),
     }
 
@@ -208,6 +222,13 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--big", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=200,
+                        help="keep-alive admissions before measuring")  # fmt: skip
+    parser.add_argument("--no-big", action="store_true", help="skip the maximum-size requests")
+    parser.add_argument("--announcers", type=int, default=20,
+                        help="connections announcing a large body and trickling it")  # fmt: skip
+    parser.add_argument("--only", default=",".join(("none", *KINDS)),
+                        help="comma-separated scenarios to run")  # fmt: skip
     parser.add_argument("--crowd-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.crowd_child:
@@ -217,21 +238,28 @@ def main() -> int:
     body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
     info = machine()
     scenarios: dict[str, Any] = {}
+    only = args.only.split(",")
     with server_process() as proc:
-        scenarios["none"] = admissions(proc.port, proc.ca_file, body, args.rate, args.duration)
-        for kind in KINDS:
-            with crowd_process(kind, proc.port, proc.ca_file, args.crowd) as stats:
+        if "none" in only:
+            scenarios["none"] = admissions(proc.port, proc.ca_file, body, args.rate,
+                                           args.duration, args.warmup)  # fmt: skip
+        for kind in (k for k in KINDS if k in only):
+            count = args.announcers if kind == "announce" else args.crowd
+            with crowd_process(kind, proc.port, proc.ca_file, count) as stats:
                 scenarios[kind] = admissions(
-                    proc.port, proc.ca_file, body, args.rate, args.duration
+                    proc.port, proc.ca_file, body, args.rate, args.duration, args.warmup
                 )
+            scenarios[kind]["crowd"] = count
             scenarios[kind]["crowd_reopened"] = stats["reopened"]
         server_peak = proc.peak_rss_bytes() / 2**20
-    big = big_requests(args.big)
+    big = None if args.no_big else big_requests(args.big)
     result = {
         "benchmark": "webhook_slow_clients",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {**info, "loadavg_after": os.getloadavg()},
         "crowd": args.crowd,
+        "announcers": args.announcers,
+        "announced_bytes": ANNOUNCED,
         "rate": args.rate,
         "duration_s": args.duration,
         "admissions": scenarios,
@@ -242,7 +270,8 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{info['cpus']} CPUs ({info['cpu_model']}); admissions at {args.rate:.0f}/s for "
-          f"{args.duration:.0f} s with {args.crowd} connections of each crowd open")  # fmt: skip
+          f"{args.duration:.0f} s with {args.crowd} connections of each crowd open "
+          f"({args.announcers} for announce: {ANNOUNCED} bytes each)")  # fmt: skip
     for kind, figures in scenarios.items():
         ka, new = figures["keep_alive"], figures["new_connection"]
         print(
@@ -251,6 +280,9 @@ def main() -> int:
             f"p99 {new['p99_ms']} ms (errors {new['errors']})"
             + (f"; crowd re-opened {figures['crowd_reopened']}x" if kind != "none" else "")
         )
+    if big is None:
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        return 0
     print(
         f"{big['requests']} concurrent {big['request_bytes']}-byte requests + a normal one: "
         f"peak RSS {big['peak_rss_mib']} MiB (before {big['rss_before_mib']}, after "
