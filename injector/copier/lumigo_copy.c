@@ -18,7 +18,7 @@
  *   it owns are reused.
  *
  * Tracing must never keep the application from starting: when a copy fails (a full volume, an
- * unreadable file), it says so and exits 0, leaving the payload marked incomplete. The marker is
+ * unreadable file, a directory whose listing fails part-way), it says so and exits 0, leaving the payload marked incomplete. The marker is
  * payload.json, copied last and removed first: lumigo_injector.so activates nothing without it
  * and says why on the application's stderr. injector/ is copied first, so that the library that
  * says it is there even when little else fits.
@@ -137,6 +137,21 @@ static int join(char *out, size_t size, const char *dir, const char *name) {
     return fail("path too long under", dir);
 }
 
+/* The next entry of dir (listing path) but . and ..; NULL at its end, and on an error, which sets
+ * *rc: a listing that fails part-way (EIO from a failing disk) is not a shorter directory, and
+ * must leave the payload incomplete rather than marked complete without the rest. */
+static struct dirent *next_entry(DIR *dir, const char *path, int *rc) {
+    for (;;) {
+        errno = 0;
+        struct dirent *entry = readdir(dir);
+        if (!entry) {
+            if (errno != 0) *rc = fail("cannot read directory", path);
+            return NULL;
+        }
+        if (strcmp(entry->d_name, ".") != 0 && strcmp(entry->d_name, "..") != 0) return entry;
+    }
+}
+
 /* The payload's top level: injector/ first, payload.json last, after everything else. */
 static int copy_payload(const char *src, const char *dst) {
     char s[PATH_MAX], d[PATH_MAX];
@@ -148,11 +163,9 @@ static int copy_payload(const char *src, const char *dst) {
     if (!dir) return fail("cannot open directory", src);
     struct dirent *entry;
     int rc = 0;
-    while (rc == 0 && (entry = readdir(dir)) != NULL) {
+    while (rc == 0 && (entry = next_entry(dir, src, &rc)) != NULL) {
         const char *name = entry->d_name;
-        if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, FIRST) ||
-            !strcmp(name, MARKER))
-            continue;
+        if (!strcmp(name, FIRST) || !strcmp(name, MARKER)) continue;
         rc = join(s, sizeof s, src, name) || join(d, sizeof d, dst, name) || copy_tree(s, d);
     }
     closedir(dir);
@@ -173,8 +186,7 @@ static int copy_tree(const char *src, const char *dst) {
     struct dirent *entry;
     int rc = 0;
     char s[PATH_MAX], d[PATH_MAX];
-    while (rc == 0 && (entry = readdir(dir)) != NULL) {
-        if (!strcmp(entry->d_name, ".") || !strcmp(entry->d_name, "..")) continue;
+    while (rc == 0 && (entry = next_entry(dir, src, &rc)) != NULL) {
         if (snprintf(s, sizeof s, "%s/%s", src, entry->d_name) >= (int)sizeof s ||
             snprintf(d, sizeof d, "%s/%s", dst, entry->d_name) >= (int)sizeof d) {
             errno = ENAMETOOLONG;

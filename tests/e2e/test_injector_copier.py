@@ -10,13 +10,15 @@ as root), and the application side is real python3 and node under LD_PRELOAD fro
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import platform
 import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,3 +265,95 @@ def test_the_completion_marker_is_copied_last_and_no_file_is_ever_left_half_writ
                 assert copied.stat().st_size == original.stat().st_size, copied
     finally:
         subprocess.run(["umount", str(volume)], check=True)
+
+
+# seccomp: what the kernel's getdents64 returns is decided by a filter (seccomp(2)); the numbers
+# are the audit architecture and the directory-listing system calls of each architecture.
+SECCOMP_ARCH = {"x86_64": (0xC000003E, (217, 78)), "aarch64": (0xC00000B7, (61,))}
+
+
+def failing_listings(first_fd: int, error: int) -> Callable[[], None]:
+    """A preexec_fn: in the child (setpriv, then the copier it executes), listing a directory
+    through any file descriptor >= first_fd fails with `error`, as a failing disk or network
+    filesystem makes it fail: a real getdents64 that returns the error to the real copier."""
+    audit_arch, listing_calls = SECCOMP_ARCH[platform.machine()]
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE|K, BPF_RET
+    allow, fail_with = 0x7FFF0000, 0x00050000 | error  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    n = len(listing_calls)
+    # 0 arch; 1 ours? (else allow); 2 nr; 3.. a listing call? (else allow); 3+n fd = args[0]
+    # (low word); 4+n fd >= first_fd?; 5+n fail; 6+n allow. Jumps count from the next insn.
+    program = [
+        (ld_abs, 0, 0, 4),
+        (jeq, 0, n + 4, audit_arch),
+        (ld_abs, 0, 0, 0),
+        *[(jeq, n - 1 - i, n - i + 2, nr) for i, nr in enumerate(listing_calls)],
+        (ld_abs, 0, 0, 16),
+        (jge, 0, 1, first_fd),
+        (ret, 0, 0, fail_with),
+        (ret, 0, 0, allow),
+    ]
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                    ("k", ctypes.c_uint32)]  # fmt: skip
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(program))(*[SockFilter(*insn) for insn in program])
+    fprog = SockFprog(len(program), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def install() -> None:
+        pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+        if (
+            libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0
+            or libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) != 0
+        ):
+            raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
+
+    return install
+
+
+def test_a_directory_listing_that_fails_fails_the_copy(node_dir: Path) -> None:
+    """A directory whose listing fails part-way (EIO from getdents64: a failing disk, a network
+    filesystem) is not a shorter directory: the copier says which directory it could not read,
+    and the payload stays incomplete (no payload.json), so the injector activates nothing rather
+    than a tracer with missing modules. The pod still starts (exit 0, as for every failed copy).
+
+    The payload's top level is listed through file descriptor 3 and each of its directories
+    through 4: the filter lets the top level and injector/ be read and fails the rest."""
+    if platform.machine() not in SECCOMP_ARCH:
+        pytest.skip(f"no seccomp numbers for {platform.machine()} here")
+    assert COPIER.is_file(), f"{COPIER} not built (injector/build-payload needs musl-gcc)"
+    payload = node_dir / "payload"
+    for name, content in {
+        "injector/lumigo_injector.so": "library",
+        "python/bootstrap/sitecustomize.py": "import sys",
+        "nodejs/lumigo-bootstrap.js": "require('x')",
+        "payload.json": "{}",
+    }.items():
+        (payload / name).parent.mkdir(parents=True, exist_ok=True)
+        (payload / name).write_text(content)
+    volume = kubelet_empty_dir(node_dir / "volume", None)
+    result = subprocess.run(
+        [*Identity(1234, 1234, (), True).setpriv(), str(COPIER), str(payload)],
+        env={"TARGET_DIRECTORY": str(volume)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=failing_listings(4, errno.EIO),
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (volume / "payload.json").exists(), (result.stdout, result.stderr)
+    assert (volume / "injector" / "lumigo_injector.so").read_text() == "library"
+    first, last = result.stderr.splitlines()
+    unread = {f"{payload}/python", f"{payload}/nodejs"}
+    assert first in {f"lumigo-copy: cannot read directory {d}: I/O error" for d in unread} | {
+        f"lumigo-copy: cannot read directory {d}: Input/output error" for d in unread
+    }, result.stderr
+    assert last == (
+        f"lumigo-copy: the payload in {volume} is incomplete: this pod's containers start "
+        "without Lumigo tracing"
+    )
+    assert result.stdout == ""
