@@ -18,6 +18,7 @@ from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRET
 from localcluster import wait_until
 from tests.support.webhook_cluster import (
     SECRET,
+    SERVING,
     cert_stack,
     mutating_configuration,
     policy,
@@ -70,6 +71,47 @@ def test_self_mode_bootstraps_the_secret_and_the_bundle_then_becomes_ready(
                 "lumigo_webhook_certificate_expiry_timestamp_seconds", {"kind": kind}
             )
             assert value == cert.not_valid_after_utc.timestamp()
+
+
+def test_the_served_secret_holds_no_ca_key_and_replicas_serve_from_it(
+    kube: KubeClient, namespace: str
+) -> None:
+    """Issue 28 item 7: the CA key stays in the writer's Secret; the Secret the webhook's
+    identity may read holds the serving pair and the CA certificates only, follows the
+    writer's state, and is rebuilt when deleted."""
+    name = unique_name("certs-split")
+    with (
+        registered(kube, mutating_configuration(name, namespace, URL)),
+        cert_stack(kube, policy(namespace), [name], serving_secret=SERVING) as stack,
+    ):
+        stack.wait_ready()
+        state = stack.state()
+        served = kube.get(SECRETS, SERVING, namespace)
+        assert served["type"] == "kubernetes.io/tls"
+        assert set(served["data"]) == {certs.TLS_CERT, certs.TLS_KEY, certs.CA_BUNDLE}
+        assert base64.b64decode(served["data"][certs.TLS_CERT]) == state.serving.cert_pem
+        assert base64.b64decode(served["data"][certs.CA_BUNDLE]) == state.bundle_pem
+        loaded = stack.tls.loaded
+        assert loaded is not None
+        assert loaded.certificate == state.serving.cert
+
+        kube.delete(SECRETS, SERVING, namespace)
+        wait_until(
+            lambda: (
+                (kube.get_or_none(SECRETS, SERVING, namespace) or {}).get("data")
+                == certs.encode_serving(state)
+            ),
+            30,
+            "the served Secret rebuilt from the CA Secret",
+        )
+        stack.writer.rotate_ca()
+        wait_until(
+            lambda: len(certs.parse_bundle(base64.b64decode(
+                kube.get(SECRETS, SERVING, namespace)["data"][certs.CA_BUNDLE]
+            ))) == 2,
+            30,
+            "the new CA in the served bundle",
+        )  # fmt: skip
 
 
 def test_readiness_follows_the_bundles_in_the_webhook_configurations(

@@ -26,6 +26,7 @@ from webhook.admission.readiness import NotReady
 from webhook.admission.tls import ServingTLS
 
 SECRET = "lumigo-webhook-certs"
+SERVING = "lumigo-webhook-certs-serving"  # what replicas read: no CA key
 WORKLOAD_RULES = [
     {
         "apiGroups": ["apps"],
@@ -131,7 +132,8 @@ def registered(kube: KubeClient, configuration: dict[str, Any]) -> Iterator[str]
 
 
 class CertStack:
-    """Informers + leader writer + replica reloader for one namespace's certificate Secret."""
+    """Informers + leader writer + replica reloader for one namespace's certificate Secret (and,
+    with `serving_secret`, the Secret the replicas serve from, without the CA key)."""
 
     def __init__(
         self,
@@ -141,12 +143,13 @@ class CertStack:
         *,
         tls: ServingTLS | None = None,
         secret: str = SECRET,
+        serving_secret: str = "",
     ) -> None:
         self.kube = kube
         self.policy = policy
         self.secret = secret
         self.tls = tls or ServingTLS()
-        cert = ManagedCert(policy, secret, mutating=mutating)
+        cert = ManagedCert(policy, secret, mutating=mutating, serving_secret_name=serving_secret)
         self.writer = CertWriter(kube, cert)
         self.replica = SelfSignedCerts(self.tls, cert, kube=kube)
         self.secrets = Informer(
@@ -155,6 +158,20 @@ class CertStack:
                 SECRETS, namespace=policy.namespace, field_selector=f"metadata.name={secret}"
             ),
         )
+        self.serving_secrets = (
+            [
+                Informer(
+                    kube,
+                    Selection(
+                        SECRETS,
+                        namespace=policy.namespace,
+                        field_selector=f"metadata.name={serving_secret}",
+                    ),
+                )
+            ]
+            if serving_secret
+            else []
+        )
         self.configs = [
             Informer(
                 kube,
@@ -162,7 +179,7 @@ class CertStack:
             )
             for n in mutating
         ]
-        self._informers = [self.secrets, *self.configs]
+        self._informers = [self.secrets, *self.serving_secrets, *self.configs]
         self._writer_loop: Controller | None = None
 
     def start(self, *, writer: bool = True) -> CertStack:

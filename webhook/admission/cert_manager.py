@@ -1,9 +1,11 @@
 """Keeping the webhook's certificate right on a live cluster, in two modes.
 
-`self` mode (Helm, kubectl): the certificate lives in a Secret.
-- `CertWriter` runs on the leader only. It keeps the Secret valid (certs.plan: bootstrap, renewal,
-  staged CA rotation) and every named webhook configuration's caBundle equal to the Secret's
-  bundle. It runs on Secret / webhook-configuration events and at least every `resync`, and
+`self` mode (Helm, kubectl): the certificate lives in a Secret (the CA Secret: CA key included),
+and what a replica serves in a second one (the serving Secret: the serving pair and the CA
+certificates, never a CA key), so whoever serves admissions never holds the key that signs.
+- `CertWriter` runs on the leader only. It keeps the CA Secret valid (certs.plan: bootstrap,
+  renewal, staged CA rotation) and every named webhook configuration's caBundle equal to the
+  Secret's bundle. It runs on Secret / webhook-configuration events and at least every `resync`, and
   sleeps exactly until the next step is due. It has no loop of its own: its `sync` is the
   reconcile of a single-key controller of the controller runtime (work queue, backoff,
   metrics), which this generic toolkit cannot import; `wake` is how its events reach that loop.
@@ -11,12 +13,13 @@
   and decide again. A deleted or corrupted Secret is rebuilt by certs.recover from what is
   intact, the CAs the configurations trust and the last good state seen (every replica's writer
   remembers it from events, so a new leader has it too): the same staged overlap as a CA
-  rotation, never a hard CA cutover.
-- `SelfSignedCerts` runs on every replica. It hot-swaps the served certificate from Secret
-  events and is ready only when the served certificate is trusted by the Secret's bundle and
-  every named webhook configuration carries that bundle. It never swaps a served certificate
-  that the webhook configurations trust for one they do not trust (yet): that one waits until
-  they do, and a corrupted Secret is not loaded at all.
+  rotation, never a hard CA cutover. The serving Secret is always rewritten from the CA
+  Secret's state (`certs.encode_serving`), never read for it.
+- `SelfSignedCerts` runs on every replica. It hot-swaps the served certificate from the serving
+  Secret's events and is ready only when the served certificate is trusted by the Secret's
+  bundle and every named webhook configuration carries that bundle. It never swaps a served
+  certificate that the webhook configurations trust for one they do not trust (yet): that one
+  waits until they do, and a corrupted Secret is not loaded at all.
 
 `files` mode (OLM): OLM owns the certificate and the webhook configurations. `FileCerts` serves
 tls.crt/tls.key from the mounted directory, polls them for changes, and never writes anything.
@@ -113,9 +116,19 @@ class ManagedCert:
     """
 
     policy: certs.CertPolicy
-    secret_name: str
+    secret_name: str  # the CA Secret: the whole state, the CA key included (the writer's)
     mutating: Sequence[str] = ()
     validating: Sequence[str] = ()
+    serving_secret_name: str = ""  # what replicas serve (no CA key); "": the CA Secret itself
+
+    @property
+    def serving_secret(self) -> str:
+        return self.serving_secret_name or self.secret_name
+
+    @property
+    def split(self) -> bool:
+        """Whether replicas serve from a Secret of their own, without the CA key."""
+        return self.serving_secret != self.secret_name
 
     @cached_property
     def configs(self) -> tuple[tuple[Resource, str], ...]:
@@ -126,12 +139,19 @@ class ManagedCert:
 
     @cached_property
     def _ours(self) -> frozenset[tuple[str, str, str]]:
-        secret = ("Secret", self.policy.namespace, self.secret_name)
-        return frozenset({secret} | {(r.kind, "", name) for r, name in self.configs})
+        ns = self.policy.namespace
+        secrets = {("Secret", ns, self.secret_name), ("Secret", ns, self.serving_secret)}
+        return frozenset(secrets | {(r.kind, "", name) for r, name in self.configs})
 
     def is_ours(self, obj: JSON) -> bool:
-        """Whether an event is about our Secret or one of our webhook configurations."""
+        """Whether an event is about our Secrets or one of our webhook configurations."""
         return _identity(obj) in self._ours
+
+    def is_ca_secret(self, obj: JSON) -> bool:
+        return _identity(obj) == ("Secret", self.policy.namespace, self.secret_name)
+
+    def is_serving_secret(self, obj: JSON) -> bool:
+        return _identity(obj) == ("Secret", self.policy.namespace, self.serving_secret)
 
 
 class CertWriter:
@@ -157,7 +177,7 @@ class CertWriter:
     def on_add(self, obj: JSON) -> None:
         if not self.cert.is_ours(obj):
             return
-        if obj.get("kind") == "Secret":
+        if self.cert.is_ca_secret(obj):
             with contextlib.suppress(certs.CorruptSecret):
                 self._last_good = certs.decode(obj.get("data"))
         self.trigger()
@@ -228,6 +248,8 @@ class CertWriter:
             if rotate:
                 self._rotate_ca.clear()
             self._written(plan)
+            return None
+        if self._write_serving_secret(plan.state):
             return None
         bundle_b64 = base64.b64encode(plan.state.bundle_pem).decode()
         patched = False
@@ -320,6 +342,37 @@ class CertWriter:
             raise
         return True
 
+    def _write_serving_secret(self, state: certs.CertState) -> bool:
+        """Make the serving Secret hold exactly `state`'s serving pair and bundle (the CA
+        Secret's projection); True when it was written (or lost a race): look again."""
+        if not self.cert.split:
+            return False
+        ns, name = self.cert.policy.namespace, self.cert.serving_secret
+        data = certs.encode_serving(state)
+        secret = self.kube.get_or_none(SECRETS, name, ns)
+        if secret is not None and secret.get("data") == data:
+            return False
+        try:
+            if secret is None:
+                body: JSON = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": name, "namespace": ns, "labels": MANAGED_BY},
+                    "type": "kubernetes.io/tls",
+                    "data": data,
+                }
+                self.kube.create(SECRETS, body, ns)
+            else:
+                body = copy.deepcopy(secret)
+                body["data"] = data  # exactly these keys: a CA key put here is removed
+                self.kube.replace(SECRETS, body, ns)
+        except ApiError as err:
+            if not err.conflict:
+                raise
+            return True  # a concurrent write: read again
+        log.info("webhook serving certificate Secret updated", extra={"secret": f"{ns}/{name}"})
+        return True
+
     def _patch_bundle(self, resource: Resource, name: str, config: JSON, bundle_b64: str) -> bool:
         ops: list[JSON] = []
         for i, webhook in enumerate(config.get("webhooks") or []):
@@ -381,7 +434,7 @@ class SelfSignedCerts:
             return
         try:
             secret = self._kube.get_or_none(
-                SECRETS, self.cert.secret_name, self.cert.policy.namespace
+                SECRETS, self.cert.serving_secret, self.cert.policy.namespace
             )
             if secret is not None:
                 self.on_add(secret)
@@ -397,8 +450,8 @@ class SelfSignedCerts:
 
     # -- events (EventHandler) ----------------------------------------------------------------
     def on_add(self, obj: JSON) -> None:
-        if not self.cert.is_ours(obj):
-            return
+        if not self.cert.is_ours(obj) or (self.cert.split and self.cert.is_ca_secret(obj)):
+            return  # a replica serves from the serving Secret only
         kind, _, name = _identity(obj)
         if kind == "Secret":
             self._load_secret(obj)

@@ -441,6 +441,16 @@ def encode(state: CertState) -> dict[str, str]:
     return {k: base64.b64encode(v).decode() for k, v in raw.items()}
 
 
+# What the serving Secret holds: what a replica serves and the CAs clients trust; never a CA key.
+SERVING_SECRET_KEYS = (TLS_CERT, TLS_KEY, CA_BUNDLE)
+
+
+def encode_serving(state: CertState) -> dict[str, str]:
+    """The serving Secret's `data` (base64 values): the keys of SERVING_SECRET_KEYS only."""
+    full = encode(state)
+    return {k: full[k] for k in SERVING_SECRET_KEYS}
+
+
 def decode_field(data: Mapping[str, str] | None, key: str) -> bytes:
     value = (data or {}).get(key)
     if not value:
