@@ -1,7 +1,10 @@
 """The admission side of a process: its Lumigo cache, handlers, certificate source and server.
 
 Assembled in the manager process (`--webhook-workers=0`) or in each admission worker process
-(`controller.admission_workers`), from the same parts either way.
+(`controller.admission_workers`), from the same parts either way; `add_admission` serves them
+from `lumigo-operator run` (one Deployment) or `lumigo-operator webhook` (a Deployment of its
+own, under an identity that may read Lumigo objects and the serving Secret, post Events and
+get workloads, nothing else: see `controller.webhook_command`).
 """
 
 from __future__ import annotations
@@ -14,15 +17,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import constants
-from controller.lumigo.injection_mode import AutoInjectionMode
+from controller.admission_workers import AdmissionWorkers, default_worker_count
+from controller.lumigo.injection_mode import AutoInjectionMode, PublishedInjectionMode
 from controller.lumigo.nodes import node_informer
 from controller.lumigo.resources import LUMIGOES
-from controller.options import RunOptions
+from controller.options import RunOptions, serving_secret
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, Runnable
-from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from controller.runtime.resources import (
+    CONFIGMAPS,
+    MUTATING_WEBHOOK_CONFIGURATIONS,
+    SECRETS,
+    Resource,
+)
 from webhook import events
 from webhook.admission.cert_manager import FileCerts, ManagedCert, SelfSignedCerts
 from webhook.admission.certs import CertPolicy
@@ -68,12 +77,21 @@ def injection_settings(opts: RunOptions) -> InjectionSettings:
 
 
 def add_injection_mode(
-    manager: Manager, client: KubeClient, opts: RunOptions
+    manager: Manager, client: KubeClient, opts: RunOptions, *, decide: bool = True
 ) -> Callable[[], str] | None:
     """With `--injection-mode=auto`, what tells the current mode (from the Node cache and one
-    dry-run); None when the mode is fixed."""
+    dry-run); None when the mode is fixed. With `decide=False` (the admission side, when the
+    manager publishes its decision in --injection-mode-configmap), the published mode: no Node
+    cache and no `create pods` needed."""
     if opts.injection_mode != constants.INJECTION_MODE_AUTO:
         return None
+    if not decide and opts.injection_mode_configmap:
+        name = opts.injection_mode_configmap
+        selection = Selection(CONFIGMAPS, opts.namespace, field_selector=f"metadata.name={name}")
+        published = PublishedInjectionMode(manager.informer(selection), opts.namespace, name)
+        manager.add_runnable(Runnable("injection-mode", published.start, published.stop))
+        manager.probes.readyz["injection-mode"] = published.ready
+        return published.mode
     auto = AutoInjectionMode(client, node_informer(manager), opts.namespace,
                              opts.injector_image, opts.injector_pull_policy)  # fmt: skip
     manager.add_runnable(Runnable("injection-mode", auto.start, auto.stop))
@@ -90,13 +108,40 @@ class Certificates:
     """Where the serving certificate comes from, and the caches that feed it (self mode)."""
 
     tls: ServingTLS
-    watched: tuple[Informer, ...]  # the certificate Secret and our webhook configurations
+    watched: tuple[Informer, ...]  # the serving Secret and our webhook configurations
     cert: ManagedCert | None  # self mode only
+
+
+def managed_cert(opts: RunOptions) -> ManagedCert:
+    """Self mode's certificate: the CA Secret (--cert-secret, the manager's only) and the
+    serving Secret replicas load (no CA key)."""
+    return ManagedCert(certificate_policy(opts), opts.cert_secret,
+                       mutating=opts.webhook_configurations,
+                       serving_secret_name=serving_secret(opts))  # fmt: skip
+
+
+def _named(resource: Resource, name: str, namespace: str | None = None) -> Selection:
+    # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
+    return Selection(resource, namespace, field_selector=f"metadata.name={name}")
+
+
+def certificate_informers(manager: Manager, opts: RunOptions) -> tuple[Informer, ...]:
+    """The serving Secret and our webhook configurations: what a replica follows."""
+    selections = [
+        _named(SECRETS, serving_secret(opts), opts.namespace),
+        *(_named(MUTATING_WEBHOOK_CONFIGURATIONS, n) for n in opts.webhook_configurations),
+    ]
+    return tuple(manager.informer(selection) for selection in selections)
+
+
+def ca_secret_informer(manager: Manager, opts: RunOptions) -> Informer:
+    """The CA Secret: the certificate writer's (the manager's) only."""
+    return manager.informer(_named(SECRETS, opts.cert_secret, opts.namespace))
 
 
 def add_certificates(manager: Manager, client: KubeClient, opts: RunOptions) -> Certificates:
     """Load the serving certificate into a `ServingTLS` and keep it current: from --cert-dir
-    (files mode), or from the certificate Secret once our webhook configurations trust it
+    (files mode), or from the serving Secret once our webhook configurations trust it
     (self mode; the Lease holder writes it, see `operator.cert_writer_controller`)."""
     tls = ServingTLS()
     if opts.cert_mode == "files":
@@ -104,18 +149,9 @@ def add_certificates(manager: Manager, client: KubeClient, opts: RunOptions) -> 
         manager.add_runnable(Runnable("webhook-cert-files", files.start, files.stop))
         manager.probes.readyz["webhook-certificate"] = files.ready
         return Certificates(tls, (), None)
-    cert = ManagedCert(certificate_policy(opts), opts.cert_secret,
-                       mutating=opts.webhook_configurations)  # fmt: skip
+    cert = managed_cert(opts)
     replica = SelfSignedCerts(tls, cert, kube=client)
-    # Field selectors keep these caches (and the RBAC they need) to exactly our objects.
-    selections = [
-        Selection(SECRETS, opts.namespace, field_selector=f"metadata.name={opts.cert_secret}"),
-        *(
-            Selection(MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={n}")
-            for n in opts.webhook_configurations
-        ),
-    ]
-    watched = tuple(manager.informer(selection) for selection in selections)
+    watched = certificate_informers(manager, opts)
     for informer in watched:
         informer.add_handler(replica)
     manager.add_runnable(Runnable("webhook-certificates", replica.start, replica.stop))
@@ -173,6 +209,32 @@ def add_admission_server(
     manager.add_runnable(Runnable("webhook-server", server.start, server.stop))
     manager.probes.readyz["webhook-server"] = server.ready
     return server
+
+
+def add_admission(
+    manager: Manager,
+    client: KubeClient,
+    opts: RunOptions,
+    *,
+    lumigoes: Informer | None,
+    recorder: EventRecorder,
+    injection_mode: Callable[[], str] | None,
+) -> None:
+    """Serve admissions: here (`--webhook-workers=0`) or in worker processes (their events
+    come to `recorder`), with the serving certificate followed here either way (readiness).
+    `lumigoes`: this process's Lumigo cache (None: made here if admissions are served here;
+    worker processes have their own)."""
+    certificates = add_certificates(manager, client, opts)
+    workers = opts.webhook_workers if opts.webhook_workers >= 0 else default_worker_count()
+    if workers == 0:
+        lumigoes = lumigoes or lumigo_informer(manager)
+        inject = inject_handler(opts, lumigoes, recorder, injection_mode)
+        add_admission_server(manager, opts, inject=inject, tls=certificates.tls)
+        return
+    pool = AdmissionWorkers(opts, workers, recorder)
+    manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,
+                                  healthy=pool.healthy))  # fmt: skip
+    manager.probes.readyz["webhook-server"] = pool.ready
 
 
 def check_ready(manager: Manager) -> None:

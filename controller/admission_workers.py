@@ -462,7 +462,8 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
     recorder = ForwardedEvents(channel)
     manager.add_runnable(Runnable("event-forwarder", recorder.start, recorder.stop))
     certificates = add_certificates(manager, client, opts)
-    inject = inject_handler(opts, lumigoes, recorder, add_injection_mode(manager, client, opts))
+    mode = add_injection_mode(manager, client, opts, decide=False)
+    inject = inject_handler(opts, lumigoes, recorder, mode)
     add_admission_server(manager, opts, inject=inject, tls=certificates.tls, listener=listener)
 
     readiness = Readiness(lambda: check_ready(manager), channel)

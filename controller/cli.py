@@ -1,4 +1,5 @@
-"""The `lumigo-operator` command: `run`, `uninstall`, `wait-for-webhook`, `watchdog`, `version`.
+"""The `lumigo-operator` command: `run`, `webhook`, `uninstall`, `wait-for-webhook`, `watchdog`,
+`version`.
 
 Errors exit non-zero with one line that says what went wrong (no stack trace for expected
 failures such as an unreachable API server or a missing kubeconfig).
@@ -27,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the manager (controller, webhooks, probes, metrics)")
     add_run_flags(run)
+    webhook = sub.add_parser(
+        "webhook",
+        help="serve admissions only (workers, probes, metrics: no controller, no leader "
+        "election, no certificate signing), under an identity of its own; the manager runs "
+        "with --no-serve-webhooks. Takes the flags of `run`",
+    )
+    add_run_flags(webhook)
     uninstall = sub.add_parser(
         "uninstall",
         help="delete every Lumigo resource and remove all instrumentation (Helm pre-delete hook)",
@@ -69,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from controller.operator import run  # noqa: PLC0415 - heavy imports only for run
 
             return run(run_options(args))
+        if args.command == "webhook":
+            from controller.webhook_command import run_webhook  # noqa: PLC0415
+
+            return run_webhook(run_options(args))
         if args.command == "wait-for-webhook":
             return _wait_for_webhook(args)
         if args.command == "watchdog":

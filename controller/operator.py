@@ -1,9 +1,10 @@
 """`lumigo-operator run`: assemble the manager process from its parts.
 
 Every replica: informer caches, the HTTPS admission server (in worker processes, see
-`controller.admission_workers`), certificate (re)loading, the event recorder, probes and
-metrics. The Lease holder only: the Lumigo controller, the certificate writer (self mode) and the
-telemetry-proxy configuration.
+`controller.admission_workers`; not with --no-serve-webhooks, where `lumigo-operator webhook`
+serves them: `controller.webhook_command`), certificate (re)loading, the event recorder, probes
+and metrics. The Lease holder only: the Lumigo controller, the certificate writer (self mode),
+the published injection mode (--injection-mode-configmap) and the telemetry-proxy configuration.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from typing import Any
 from api import constants
 from api.lumigo import LumigoSpec
 from controller.admission import (
-    add_admission_server,
-    add_certificates,
+    add_admission,
     add_injection_mode,
-    inject_handler,
+    ca_secret_informer,
+    certificate_informers,
     injection_settings,
     lumigo_informer,
+    managed_cert,
 )
-from controller.admission_workers import AdmissionWorkers, default_worker_count
 from controller.lumigo import rollouts
 from controller.lumigo.health import Thresholds
+from controller.lumigo.injection_mode import InjectionModePublisher
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.revert import PodReader, Reverter
@@ -169,22 +171,22 @@ def _add_webhook(
     manager: Manager, client: KubeClient, opts: RunOptions, *, lumigoes: Informer,
     recorder: EventRecorder, injection_mode: Callable[[], str] | None,
 ) -> None:  # fmt: skip
-    """Admission served here (`--webhook-workers=0`) or by worker processes; the certificate
-    is watched here either way (readiness, expiry metrics) and written by the Lease holder."""
-    certificates = add_certificates(manager, client, opts)
-    workers = opts.webhook_workers if opts.webhook_workers >= 0 else default_worker_count()
-    if workers == 0:
-        inject = inject_handler(opts, lumigoes, recorder, injection_mode)
-        add_admission_server(manager, opts, inject=inject, tls=certificates.tls)
-    else:
-        pool = AdmissionWorkers(opts, workers, recorder)
-        manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,
-                                      healthy=pool.healthy))  # fmt: skip
-        manager.probes.readyz["webhook-server"] = pool.ready
-    if certificates.cert is None:  # files mode: someone else writes them
+    """Admission served here unless --no-serve-webhooks; the certificates written by the Lease
+    holder (self mode), and the `auto` injection mode published (--injection-mode-configmap)."""
+    if opts.serve_webhooks:
+        add_admission(manager, client, opts, lumigoes=lumigoes, recorder=recorder,
+                      injection_mode=injection_mode)  # fmt: skip
+    if injection_mode is not None and opts.injection_mode_configmap:
+        publisher = InjectionModePublisher(client, opts.namespace, opts.injection_mode_configmap,
+                                           injection_mode)  # fmt: skip
+        manager.add_controller(single_key_controller(
+            "injection-mode-publisher", lambda: Result(requeue_after=publisher.sync()),
+            rate_limiter=ItemExponentialFailureRateLimiter(0.5, 60.0),
+        ))  # fmt: skip
+    if opts.cert_mode == "files":  # someone else writes them
         return
-    writer = CertWriter(client, certificates.cert, resync=opts.cert_check_interval)
-    for informer in certificates.watched:
+    writer = CertWriter(client, managed_cert(opts), resync=opts.cert_check_interval)
+    for informer in (ca_secret_informer(manager, opts), *certificate_informers(manager, opts)):
         # On every replica: the writer remembers the last good Secret (a new leader needs it)
         # and wakes its controller, which runs on the leader only.
         informer.add_handler(writer)

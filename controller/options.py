@@ -61,6 +61,9 @@ class RunOptions:
     cert_mode: str = "self"
     cert_dir: Path = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - OLM's path
     cert_secret: str = "lumigo-lumigo-operator-lumigo-injector-webhook-certs"
+    serving_cert_secret: str = ""  # "": <cert_secret>-serving
+    serve_webhooks: bool = True  # False: the manager of a split install (`webhook` serves)
+    injection_mode_configmap: str = ""  # where the manager publishes the `auto` decision
     webhook_service: str = "lumigo-lumigo-operator-webhooks-service"
     webhook_configurations: list[str] = field(default_factory=list)
     webhook_cert_extra_sans: list[str] = field(default_factory=list)
@@ -110,6 +113,12 @@ class RunOptions:
     kube_state_metrics_selector: str = KUBE_STATE_METRICS_SELECTOR
     node_provider_ids: bool = True
     telemetry_upstream_metrics_endpoint: str = ""
+
+
+def serving_secret(opts: RunOptions) -> str:
+    """The Secret admission is served from: the serving pair and the CA certificates, never
+    the CA key (which stays in --cert-secret, read by the manager only)."""
+    return opts.serving_cert_secret or f"{opts.cert_secret}-serving"
 
 
 def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
@@ -168,7 +177,32 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "files: serve --cert-dir, written by someone else (OLM) [LUMIGO_CERT_MODE]",
     )
     a("--cert-dir", type=Path, default=d.cert_dir)
-    a("--cert-secret", default=d.cert_secret)
+    a(
+        "--cert-secret",
+        default=d.cert_secret,
+        help="self mode: the Secret with the CA (its key included), written and read by the "
+        "manager only",
+    )
+    a(
+        "--serving-cert-secret",
+        default=d.serving_cert_secret,
+        help="self mode: the Secret admissions are served from (serving pair and CA "
+        "certificates, no CA key), written by the manager (default: <cert-secret>-serving)",
+    )
+    a(
+        "--serve-webhooks",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_SERVE_WEBHOOKS", "true").lower() == "true",
+        help="`run` also serves admissions; --no-serve-webhooks when a `lumigo-operator "
+        "webhook` Deployment serves them under its own identity [LUMIGO_SERVE_WEBHOOKS]",
+    )
+    a(
+        "--injection-mode-configmap",
+        default=_env("LUMIGO_INJECTION_MODE_CONFIGMAP", d.injection_mode_configmap),
+        help="with --injection-mode=auto and a separate webhook: the ConfigMap (operator "
+        "namespace) where the manager publishes the mode it decided and the webhook reads it "
+        "[LUMIGO_INJECTION_MODE_CONFIGMAP]",
+    )
     a("--webhook-service", default=d.webhook_service)
     a(
         "--webhook-configurations",

@@ -19,14 +19,14 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from api import constants
 from controller.lumigo.nodes import node_info
 from controller.runtime.informer import FuncHandler, Informer
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import PODS, ApiError
+from controller.runtime.resources import CONFIGMAPS, PODS, ApiError
 from webhook.admission.readiness import NotReady
 
 log = logging.getLogger("lumigo.injection")
@@ -217,3 +217,80 @@ class AutoInjectionMode:
             raise
         volumes = ((reply or {}).get("spec") or {}).get("volumes") or []
         return any("image" in v for v in volumes if v.get("name") == "payload")
+
+
+# --- a separate webhook Deployment: the manager decides, the webhook reads ------------------------
+# Deciding needs the Node cache and a Pod dry-run (`create pods`): powers the webhook's identity
+# must not hold. With `--injection-mode-configmap`, the manager's Lease holder publishes its
+# decision in that ConfigMap and the webhook follows it through a one-object watch.
+
+MODE_KEY = "mode"
+PUBLISH_RESYNC = 300.0  # read the ConfigMap back at least this often (repairs an edit)
+PUBLISH_POLL = 2.0  # how often the local decision is compared with what was written
+
+
+class InjectionModePublisher:
+    """The Lease holder's side: keeps `data.mode` of the ConfigMap equal to `mode()`."""
+
+    def __init__(self, client: KubeClient, namespace: str, name: str,
+                 mode: Callable[[], str]) -> None:  # fmt: skip
+        self._client = client
+        self._namespace = namespace
+        self._name = name
+        self._mode = mode
+        self._written: str | None = None
+        self._checked = 0.0
+
+    def sync(self) -> float:
+        """One pass; seconds until the next. Raises on API trouble (the caller backs off)."""
+        want = self._mode()
+        if want == self._written and time.monotonic() - self._checked < PUBLISH_RESYNC:
+            return PUBLISH_POLL
+        current = self._client.get_or_none(CONFIGMAPS, self._name, self._namespace)
+        if current is None:
+            body: JSON = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": self._name, "namespace": self._namespace,
+                             "labels": {"app.kubernetes.io/managed-by": "lumigo-operator"}},
+                "data": {MODE_KEY: want},
+            }  # fmt: skip
+            self._client.create(CONFIGMAPS, body, self._namespace)
+        elif (current.get("data") or {}).get(MODE_KEY) != want:
+            current["data"] = {**(current.get("data") or {}), MODE_KEY: want}
+            self._client.replace(CONFIGMAPS, current, self._namespace)
+        if want != self._written:
+            log.info("injection mode published", extra={"mode": want, "configmap": self._name})
+        self._written, self._checked = want, time.monotonic()
+        return PUBLISH_POLL
+
+
+class PublishedInjectionMode:
+    """The webhook's side: the mode in the manager's ConfigMap (init-container until it says
+    otherwise, or when it says something unknown: that mode works on every node)."""
+
+    def __init__(self, configmap: Informer, namespace: str, name: str) -> None:
+        self._configmap = configmap
+        self._namespace = namespace
+        self._name = name
+        self._ready_deadline = float("inf")
+
+    def start(self) -> None:
+        self._ready_deadline = time.monotonic() + READY_WAIT
+
+    def stop(self) -> None:
+        return
+
+    def mode(self) -> str:
+        found = self._configmap.get(self._namespace, self._name)
+        value = ((found or {}).get("data") or {}).get(MODE_KEY)
+        if value in constants.INJECTION_MODES:
+            return str(value)
+        return constants.INJECTION_MODE_INIT_CONTAINER
+
+    def ready(self) -> None:
+        """For /readyz: wait (a bounded while) for the manager's first decision."""
+        if time.monotonic() >= self._ready_deadline:
+            return
+        if self._configmap.get(self._namespace, self._name) is None:
+            raise NotReady(f"waiting for the manager's injection mode in ConfigMap {self._name}")

@@ -1,0 +1,71 @@
+"""`lumigo-operator webhook`: admission only, under an identity of its own.
+
+The admission workers parse what anyone who reaches port 9443 sends. This process serves them
+(workers, probes, metrics) and nothing else: no controller, no leader election, no certificate
+signing. What it needs from the API server, and so all its ServiceAccount is granted:
+- Lumigo objects: get, list, watch (the cache every admission answers from);
+- the serving Secret, by name: get, list, watch (the serving pair and the CA certificates; the
+  CA key stays in the manager's Secret);
+- the webhook configurations, by name: get, list, watch (ready only once they trust what is
+  served; never swap to a certificate they do not trust yet);
+- the injection-mode ConfigMap, by name: get, list, watch (`--injection-mode=auto`: the manager
+  decides, from Nodes and a Pod dry-run, powers this identity must not hold);
+- Events: create, patch (instrumentation events; repeats patch the count);
+- the six workload kinds: get (an event about an object being created waits until it exists,
+  then carries its uid: found with a GET, as this process caches no workloads).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from api import constants
+from controller.admission import add_admission, add_injection_mode
+from controller.options import RunOptions
+from controller.runtime.events import EventRecorder
+from controller.runtime.kube import KubeClient
+from controller.runtime.manager import Manager, ManagerOptions, Runnable
+
+log = logging.getLogger("lumigo.webhook")
+
+
+def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
+    if opts.injection_mode == constants.INJECTION_MODE_AUTO and not opts.injection_mode_configmap:
+        raise ValueError(
+            "--injection-mode=auto needs --injection-mode-configmap in `lumigo-operator webhook`:"
+            " the manager decides the mode and publishes it there"
+        )
+    manager = Manager(
+        client,
+        ManagerOptions(
+            namespace=opts.namespace,
+            leader_election=False,
+            health_probe_bind_address=opts.health_probe_bind_address,
+            metrics_bind_address=opts.metrics_bind_address,
+            metrics_secure=opts.metrics_secure,
+            metrics_cert_dir=opts.metrics_cert_dir,
+            shutdown_delay=opts.shutdown_delay,
+        ),
+    )
+    recorder = EventRecorder(client)  # no workload cache: an object is found with a GET
+    manager.add_runnable(
+        Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
+    )
+    # Worker processes follow the Lumigo objects and the injection mode themselves; with
+    # --webhook-workers=0 this process does.
+    here = opts.webhook_workers == 0
+    mode = add_injection_mode(manager, client, opts, decide=False) if here else None
+    add_admission(manager, client, opts, lumigoes=None, recorder=recorder,
+                  injection_mode=mode)  # fmt: skip
+    return manager
+
+
+def run_webhook(opts: RunOptions) -> int:
+    client = KubeClient.from_env(opts.kubeconfig)
+    manager = build_webhook(client, opts)
+    log.info(
+        "starting the webhook",
+        extra={"version": opts.operator_version, "namespace": opts.namespace,
+               "cert_mode": opts.cert_mode},
+    )  # fmt: skip
+    return manager.run()
