@@ -35,7 +35,10 @@ nothing there and the Linux securityContext fields would make the API server rej
 
 LD_PRELOAD: the user's entry is renamed in place to LUMIGO_ORIGINAL_LD_PRELOAD (value or
 valueFrom kept as is) and followed by `LD_PRELOAD=<ours>:$(LUMIGO_ORIGINAL_LD_PRELOAD)`; the kubelet
-expands the reference, so ours is prepended whatever the source of theirs. `remove` renames it
+expands the reference, so ours is prepended whatever the source of theirs. An optional ConfigMap
+or Secret key may be missing, and the kubelet then leaves the reference verbatim (ld.so would try
+to load `$(LUMIGO_ORIGINAL_LD_PRELOAD)` in every process): for such a source LD_PRELOAD is ours
+alone, and the injector chains the original at start-up when it is set. `remove` renames it
 back, restoring the container exactly. An LD_PRELOAD equal to ours (the reference operator's
 injection) counts as ours.
 
@@ -579,15 +582,31 @@ def _inject_ld_preload(env: list[JSON]) -> None:
             del env[j]
             i = i - 1 if j < i else i
         env[i] = {**env[i], "name": constants.ENV_ORIGINAL_LD_PRELOAD}
-        env.insert(i + 1, dict(_CHAINED_LD_PRELOAD))
+        env.insert(i + 1, _ours_after(env[i]))
         return
     if j is None:
         env[i] = dict(_PLAIN_LD_PRELOAD)
         return
     if j > i:  # $(VAR) only expands variables defined earlier in the list
         env.insert(i, env.pop(j))
-        i += 1
-    env[i] = dict(_CHAINED_LD_PRELOAD)
+        j, i = i, i + 1
+    env[i] = _ours_after(env[j])
+
+
+def _ours_after(original: Mapping[str, Any]) -> JSON:
+    """Our LD_PRELOAD entry after the user's (kept as LUMIGO_ORIGINAL_LD_PRELOAD): chained with a
+    `$(...)` reference, unless the kubelet may leave the original unset (an optional ConfigMap or
+    Secret key that is missing) and so the reference verbatim, which ld.so would then try to load
+    in every process. Such an original is chained by the injector when it is set."""
+    return dict(_PLAIN_LD_PRELOAD if _may_be_unset(original) else _CHAINED_LD_PRELOAD)
+
+
+def _may_be_unset(entry: Mapping[str, Any]) -> bool:
+    source = entry.get("valueFrom")
+    if not isinstance(source, Mapping):
+        return False
+    refs = (source.get("configMapKeyRef"), source.get("secretKeyRef"))
+    return any(isinstance(ref, Mapping) and ref.get("optional") is True for ref in refs)
 
 
 def _is_our_ld_preload(entry: Mapping[str, Any]) -> bool:

@@ -34,6 +34,15 @@
  * last) prints one line on stderr saying so; nothing else is printed unless
  * LUMIGO_INJECTOR_DEBUG=true; no value of LUMIGO_TRACER_TOKEN is ever printed.
  *
+ * A user's LD_PRELOAD whose source is optional (a ConfigMap or Secret key that may be missing)
+ * is not chained by the webhook with `$(LUMIGO_ORIGINAL_LD_PRELOAD)`: the kubelet leaves an
+ * unresolvable reference verbatim and ld.so would print an error in every process. LD_PRELOAD is
+ * then ours alone, and when LUMIGO_ORIGINAL_LD_PRELOAD is set this library appends it to
+ * LD_PRELOAD and executes the process again (same pid, same arguments and environment), so the
+ * user's libraries are preloaded in it and in every child, as if the kubelet had chained them.
+ * A `$(...)` entry left in LD_PRELOAD (a workload chained so by an earlier version) is removed
+ * for child processes.
+ *
  * Thread safety: the constructor runs once, in the loading thread, before main() and before the
  * program can start threads; it uses only stack buffers and no global mutable state.
  */
@@ -42,6 +51,7 @@ typedef unsigned long size_t;
 
 extern char *getenv(const char *name) __attribute__((weak));
 extern int setenv(const char *name, const char *value, int overwrite) __attribute__((weak));
+extern char **environ __attribute__((weak));
 
 #define AT_FDCWD (-100)
 #define R_OK 4
@@ -56,6 +66,14 @@ extern int setenv(const char *name, const char *value, int overwrite) __attribut
 #define JAVAAGENT_FLAG "-javaagent:"
 /* Copied last by the init container (lumigo-copy): without it the payload is incomplete. */
 #define COMPLETE_MARKER "/payload.json"
+#define ORIGINAL_PRELOAD "LUMIGO_ORIGINAL_LD_PRELOAD"
+/* Address space reserved (not committed) for /proc/self/cmdline when executing again. */
+#define CMDLINE_MAX (64L << 20)
+#define PROT_READ 1
+#define PROT_WRITE 2
+#define MAP_PRIVATE 0x02
+#define MAP_ANONYMOUS 0x20
+#define MAP_NORESERVE 0x4000
 
 #if defined(__x86_64__)
 #define SYS_read 0
@@ -64,12 +82,26 @@ extern int setenv(const char *name, const char *value, int overwrite) __attribut
 #define SYS_write 1
 #define SYS_readlinkat 267
 #define SYS_faccessat 269
+#define SYS_mmap 9
+#define SYS_munmap 11
+#define SYS_execve 59
 static long sys4(long n, long a, long b, long c, long d) {
     long ret;
     register long r10 __asm__("r10") = d;
     __asm__ volatile("syscall"
                      : "=a"(ret)
                      : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall"
+                     : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
                      : "rcx", "r11", "memory");
     return ret;
 }
@@ -80,6 +112,9 @@ static long sys4(long n, long a, long b, long c, long d) {
 #define SYS_write 64
 #define SYS_readlinkat 78
 #define SYS_faccessat 48
+#define SYS_mmap 222
+#define SYS_munmap 215
+#define SYS_execve 221
 static long sys4(long n, long a, long b, long c, long d) {
     register long x8 __asm__("x8") = n;
     register long x0 __asm__("x0") = a;
@@ -87,6 +122,20 @@ static long sys4(long n, long a, long b, long c, long d) {
     register long x2 __asm__("x2") = c;
     register long x3 __asm__("x3") = d;
     __asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+    return x0;
+}
+static long sys6(long n, long a, long b, long c, long d, long e, long f) {
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    register long x5 __asm__("x5") = f;
+    __asm__ volatile("svc 0"
+                     : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                     : "memory");
     return x0;
 }
 #else
@@ -394,11 +443,101 @@ static void inject_java(int dbg, const char *root, const char *token) {
     if (setenv("JAVA_TOOL_OPTIONS", value, 1) == 0) debug(dbg, "java: JAVA_TOOL_OPTIONS=", value);
 }
 
+/* ---- LD_PRELOAD: no `$(...)` entry, and the user's original from an optional source ---- */
+
+static int is_error(long ret) { return (unsigned long)ret > (unsigned long)-4096L; }
+
+static void *map(long size) {
+    long p = sys6(SYS_mmap, 0, size, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return is_error(p) ? 0 : (void *)p;
+}
+
+/* Drop the entries the kubelet left as an unresolved `$(VAR)` reference, for child processes
+   (ld.so of this process has already tried them). */
+static void drop_unresolved(int dbg) {
+    const char *preload = getenv("LD_PRELOAD");
+    if (!preload || !contains(preload, "$(")) return;
+    char value[VALUE_BUF];
+    struct buf v = {value, 0, sizeof value, 1};
+    const char *p = preload;
+    while (*p) {
+        const char *end = p;
+        while (*end && *end != ':' && *end != ' ') end++;
+        if (end > p && !starts_with(p, "$(")) {
+            if (v.len) buf_add_n(&v, ":", 1);
+            buf_add_n(&v, p, (size_t)(end - p));
+        }
+        p = *end ? end + 1 : end;
+    }
+    if (v.ok && setenv("LD_PRELOAD", value, 1) == 0) debug(dbg, "LD_PRELOAD without $(...): ", value);
+}
+
+/* Execute this process again with the current environment: same pid, same arguments. Returns
+   only if it could not. */
+static void execute_again(void) {
+    if (!environ) return;
+    char *args = map(CMDLINE_MAX);
+    if (!args) return;
+    long fd = sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/cmdline", 0 /* O_RDONLY */, 0);
+    long n = 0, r = -1;
+    if (fd >= 0) {
+        while (n < CMDLINE_MAX - 1) {
+            r = sys4(SYS_read, fd, (long)(args + n), CMDLINE_MAX - 1 - n, 0);
+            if (r == -4 /* EINTR */) continue;
+            if (r <= 0) break;
+            n += r;
+        }
+        sys4(SYS_close, fd, 0, 0, 0);
+    }
+    if (r == 0 && n > 0) { /* the whole command line, up to its end */
+        args[n] = 0;
+        long count = 0;
+        for (long i = 0; i < n; i += (long)str_len(args + i) + 1) count++;
+        char **argv = map((count + 1) * (long)sizeof(char *));
+        if (argv) {
+            long k = 0;
+            for (long i = 0; i < n; i += (long)str_len(args + i) + 1) argv[k++] = args + i;
+            argv[k] = 0;
+            sys4(SYS_execve, (long)"/proc/self/exe", (long)argv, (long)environ, 0);
+            sys4(SYS_munmap, (long)argv, (count + 1) * (long)sizeof(char *), 0, 0);
+        }
+    }
+    sys4(SYS_munmap, (long)args, CMDLINE_MAX, 0, 0);
+}
+
+/* The webhook keeps a user's LD_PRELOAD from an optional source as LUMIGO_ORIGINAL_LD_PRELOAD
+   and leaves it out of LD_PRELOAD; when it is set, preload it here and in every child. */
+static void chain_original(int dbg) {
+    const char *original = getenv(ORIGINAL_PRELOAD);
+    const char *preload = getenv("LD_PRELOAD");
+    if (!original || !*original || !preload) return;
+    size_t n = str_len(preload), m = str_len(original);
+    if (n > m && preload[n - m - 1] == ':' && str_eq(preload + n - m, original)) return; /* done */
+    char value[VALUE_BUF];
+    struct buf v = {value, 0, sizeof value, 1};
+    buf_add(&v, preload);
+    buf_add_n(&v, ":", 1);
+    buf_add(&v, original);
+    if (!v.ok) {
+        say(ORIGINAL_PRELOAD " is too long; the user's LD_PRELOAD is not applied", 0);
+        return;
+    }
+    if (setenv("LD_PRELOAD", value, 1) != 0) return;
+    debug(dbg, "executing again with LD_PRELOAD=", value);
+    execute_again();
+    say("could not execute again with the user's LD_PRELOAD (" ORIGINAL_PRELOAD
+        "); it applies to child processes only",
+        0);
+}
+
 __attribute__((constructor)) static void lumigo_injector_init(void) {
     /* No libc in this process (or one without these symbols): do nothing at all. */
     if (!getenv || !setenv) return;
 
     int dbg = debug_enabled();
+    drop_unresolved(dbg);
+    chain_original(dbg);
     char exe[PATH_BUF];
     long n = sys4(SYS_readlinkat, AT_FDCWD, (long)"/proc/self/exe", (long)exe, (long)(sizeof exe - 1));
     if (n <= 0) {
