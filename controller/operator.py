@@ -177,8 +177,9 @@ def _add_webhook(
         add_admission(manager, client, opts, lumigoes=lumigoes, recorder=recorder,
                       injection_mode=injection_mode)  # fmt: skip
     if injection_mode is not None and opts.injection_mode_configmap:
+        decided = manager.probes.readyz.get("injection-mode", lambda: None)
         publisher = InjectionModePublisher(client, opts.namespace, opts.injection_mode_configmap,
-                                           injection_mode)  # fmt: skip
+                                           injection_mode, decided=decided)  # fmt: skip
         manager.add_controller(single_key_controller(
             "injection-mode-publisher", lambda: Result(requeue_after=publisher.sync()),
             rate_limiter=ItemExponentialFailureRateLimiter(0.5, 60.0),

@@ -230,19 +230,27 @@ PUBLISH_POLL = 2.0  # how often the local decision is compared with what was wri
 
 
 class InjectionModePublisher:
-    """The Lease holder's side: keeps `data.mode` of the ConfigMap equal to `mode()`."""
+    """The Lease holder's side: keeps `data.mode` of the ConfigMap equal to `mode()`, once
+    `decided` stops raising NotReady (the API server answered, or AutoInjectionMode gave up
+    waiting): a webhook must not start admitting on a mode about to change."""
 
     def __init__(self, client: KubeClient, namespace: str, name: str,
-                 mode: Callable[[], str]) -> None:  # fmt: skip
+                 mode: Callable[[], str], *,
+                 decided: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self._client = client
         self._namespace = namespace
         self._name = name
         self._mode = mode
+        self._decided = decided
         self._written: str | None = None
         self._checked = 0.0
 
     def sync(self) -> float:
         """One pass; seconds until the next. Raises on API trouble (the caller backs off)."""
+        try:
+            self._decided()
+        except NotReady:
+            return PUBLISH_POLL
         want = self._mode()
         if want == self._written and time.monotonic() - self._checked < PUBLISH_RESYNC:
             return PUBLISH_POLL

@@ -98,6 +98,14 @@ def test_kubectl_apply_k_config_default(
     service = get_json(cluster, "service", f"{PROXY}-service", "-n", NAMESPACE)
     selector = ",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items())
     assert get_json(cluster, "pods", "-n", NAMESPACE, "-l", selector)["items"]
+    # Admissions: the webhook Deployment's pods, and only they, behind the webhook Service.
+    webhook = f"{FULLNAME}-webhook"
+    wait_until(lambda: deployment_available(cluster, NAMESPACE, webhook), 120, "the webhook")
+    service = get_json(cluster, "service", f"{FULLNAME}-webhooks-service", "-n", NAMESPACE)
+    selector = ",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items())
+    selected = get_json(cluster, "pods", "-n", NAMESPACE, "-l", selector)["items"]
+    assert selected
+    assert {p["spec"]["serviceAccountName"] for p in selected} == {webhook}
     manager = get_json(cluster, "deployment", DEPLOYMENT, "-n", NAMESPACE)
     args = manager["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--telemetry-proxy-deployment={PROXY}" in args

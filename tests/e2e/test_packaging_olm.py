@@ -48,6 +48,7 @@ from tests.support.olm import CSV_NAME, PACKAGE, LocalOlm, running_olm, subscrib
 FULLNAME = "lumigo-lumigo-operator"
 DEPLOYMENT = f"{FULLNAME}-controller-manager"
 PROXY = f"{FULLNAME}-telemetry-proxy"
+WEBHOOK = f"{FULLNAME}-webhook"  # the webhook Deployment and its ServiceAccount
 SCORECARD_TESTS = [
     "basic-check-spec",
     "olm-bundle-validation",
@@ -188,11 +189,23 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
     deployment = get_json(cluster, "deployment", DEPLOYMENT, "-n", ns)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert "--cert-mode=files" in container["args"]
+    assert "--no-serve-webhooks" in container["args"]
     assert not [a for a in container["args"] if a.startswith("--cert-secret")]
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert "/tmp/k8s-webhook-server/serving-certs" in mounts
     assert deployment["metadata"]["labels"]["lumigo.auto-trace"] == "false"
-    assert "olmcahash" in deployment["spec"]["template"]["metadata"]["annotations"]
+    # Admissions: the webhook Deployment, its own ServiceAccount, OLM's certificate mounted
+    # there (the webhookdefinitions name it).
+    assert deployment_available(cluster, ns, WEBHOOK)
+    webhook = get_json(cluster, "deployment", WEBHOOK, "-n", ns)
+    assert webhook["spec"]["template"]["spec"]["serviceAccountName"] == WEBHOOK
+    (webhook_container,) = webhook["spec"]["template"]["spec"]["containers"]
+    assert webhook_container["command"] == ["lumigo-operator", "webhook"]
+    assert "--cert-mode=files" in webhook_container["args"]
+    mounts = {m["mountPath"] for m in webhook_container["volumeMounts"]}
+    assert "/tmp/k8s-webhook-server/serving-certs" in mounts
+    assert webhook["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    assert "olmcahash" in webhook["spec"]["template"]["metadata"]["annotations"]
+    assert not can_i(cluster, ns, WEBHOOK, "get", "secrets", "-n", ns)
+    assert not can_i(cluster, ns, WEBHOOK, "update", "deployments.apps", "-n", "some-app")
     assert "--deployment-method=OLM" in container["args"]
     assert cluster_name in container["env"]
     assert f"--telemetry-proxy-deployment={PROXY}" in container["args"]
@@ -223,9 +236,10 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
 
     # OLM's webhook plumbing: serving Secret + Service for the deployment, both webhooks with a
     # caBundle, the paths and policies of the bundle's webhookdefinitions.
-    assert exists(cluster, "secret", f"{DEPLOYMENT}-service-cert", "-n", ns)
-    assert not exists(cluster, "secret", f"{PROXY}-service-cert", "-n", ns), "no webhook there"
-    service = get_json(cluster, "service", f"{DEPLOYMENT}-service", "-n", ns)
+    assert exists(cluster, "secret", f"{WEBHOOK}-service-cert", "-n", ns)
+    for other in (DEPLOYMENT, PROXY):
+        assert not exists(cluster, "secret", f"{other}-service-cert", "-n", ns), "no webhook"
+    service = get_json(cluster, "service", f"{WEBHOOK}-service", "-n", ns)
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(443, 9443)]
     configs = get_json(cluster, "mutatingwebhookconfigurations", "-l", f"olm.owner.namespace={ns}")[
         "items"
@@ -239,5 +253,5 @@ def test_olm_subscription_installs_the_operator(local_olm: LocalOlm) -> None:
     assert default["failurePolicy"] == "Fail"
     for webhook in webhooks.values():
         assert webhook["clientConfig"]["caBundle"]
-        assert webhook["clientConfig"]["service"]["name"] == f"{DEPLOYMENT}-service"
+        assert webhook["clientConfig"]["service"]["name"] == f"{WEBHOOK}-service"
         assert webhook["timeoutSeconds"] == 5

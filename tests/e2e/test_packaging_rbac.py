@@ -105,6 +105,37 @@ def test_webhook_configurations_only_the_operators_own(rbac: Rbac) -> None:
     assert "forbidden" in rbac.request("get", "mutatingwebhookconfigurations").lower()
 
 
+def test_the_webhook_identity_reads_its_serving_secret_and_writes_only_events(
+    rbac: Rbac,
+) -> None:
+    """Issue 28 item 7: what `lumigo-operator webhook` (it parses untrusted reviews) may do."""
+    ns, sa = rbac.namespace, f"{rbac.fullname}-webhook"
+    certs = f"{rbac.fullname}-lumigo-injector-webhook-certs"
+    assert rbac.can("get", f"secrets/{certs}-serving", "-n", ns, sa=sa)
+    assert rbac.can("watch", f"secrets/{certs}-serving", "-n", ns, sa=sa)
+    assert not rbac.can("get", f"secrets/{certs}", "-n", ns, sa=sa), "the CA key"
+    assert not rbac.can("get", "secrets/lumigo-credentials", "-n", "some-app", sa=sa)
+    assert not rbac.can("list", "secrets", "-n", ns, sa=sa)
+    assert rbac.can("list", "lumigoes.operator.lumigo.io", "--all-namespaces", sa=sa)
+    assert not rbac.can("patch", "lumigoes.operator.lumigo.io", "-n", "some-app", sa=sa)
+    assert rbac.can("get", f"configmaps/{rbac.fullname}-injection-mode", "-n", ns, sa=sa)
+    assert not rbac.can("update", f"configmaps/{rbac.fullname}-injection-mode", "-n", ns, sa=sa)
+    assert rbac.can("create", "events", "-n", "some-app", sa=sa)
+    assert rbac.can("patch", "events", "-n", "some-app", sa=sa)
+    for kind in ("deployments.apps", "daemonsets.apps", "statefulsets.apps", "replicasets.apps",
+                 "jobs.batch", "cronjobs.batch"):  # fmt: skip
+        assert rbac.can("get", kind, "-n", "some-app", sa=sa), kind
+        for verb in ("list", "watch", "update", "patch"):
+            assert not rbac.can(verb, kind, "-n", "some-app", sa=sa), (verb, kind)
+    own = f"{rbac.fullname}-injector-webhook-configuration"
+    assert rbac.can("get", f"mutatingwebhookconfigurations/{own}", sa=sa)
+    assert not rbac.can("patch", f"mutatingwebhookconfigurations/{own}", sa=sa)
+    forbidden = [("patch", "nodes"), ("list", "nodes"), ("create", "pods"),
+                 ("patch", "namespaces"), ("update", "leases.coordination.k8s.io")]  # fmt: skip
+    for verb, what in forbidden:
+        assert not rbac.can(verb, what, "-n", ns, sa=sa), (verb, what)
+
+
 def test_leader_election_lease_in_the_own_namespace_only(rbac: Rbac) -> None:
     ns = rbac.namespace
     assert rbac.can("create", "leases.coordination.k8s.io", "-n", ns)

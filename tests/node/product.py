@@ -109,6 +109,7 @@ class Product:
 
 HEARTBEAT_INTERVAL = "20s"
 MANAGER_SELECTOR = "control-plane=controller-manager"
+WEBHOOK_SELECTOR = "control-plane=webhook"  # the webhook Deployment (serves admissions)
 
 
 def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
@@ -269,14 +270,14 @@ def wait_defaulter(product: Product, namespace: str) -> None:
 
 def switch_injection_mode(product: Product, mode: str) -> None:
     """helm upgrade to another `injectorWebhook.lumigoInjector.mode`; returns once the one
-    manager left runs with it and the API server reaches its webhooks."""
+    manager and the one webhook pod left run with it and the API server reaches its webhooks."""
     product.release.helm(
         "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
         "--set", f"injectorWebhook.lumigoInjector.mode={mode}",
     )  # fmt: skip
 
-    def one_manager_with_the_mode() -> bool:
-        pods = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)
+    def one_pod_with_the_mode(selector: str) -> bool:
+        pods = get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", selector)
         if len(pods["items"]) != 1:
             return False
         (pod,) = pods["items"]
@@ -285,7 +286,8 @@ def switch_injection_mode(product: Product, mode: str) -> None:
         ready = bool(statuses) and all(c["ready"] for c in statuses)
         return ready and env.get("LUMIGO_INJECTION_MODE") == mode
 
-    wait_until(one_manager_with_the_mode, 180, f"the manager in {mode} mode")
+    for selector in (MANAGER_SELECTOR, WEBHOOK_SELECTOR):
+        wait_until(lambda s=selector: one_pod_with_the_mode(s), 180, f"{selector} in {mode} mode")
     wait_defaulter(product, OPERATOR_NS)
 
 

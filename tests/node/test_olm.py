@@ -95,6 +95,7 @@ def diagnosis(cluster: LocalCluster, namespace: str) -> str:
         lines.append(f"proxy configuration: written {writes}; endpoints {endpoints}")
     for selector in (
         "control-plane=controller-manager",
+        "control-plane=webhook",
         "app.kubernetes.io/component=telemetry-proxy",
     ):
         lines.append(cluster.kubectl("logs", "-n", namespace, "-l", selector, "--tail=40",
@@ -137,7 +138,13 @@ def test_olm_installs_the_operator_on_the_node_and_a_deployment_created_afterwar
                 assert pod["spec"]["containers"][0]["image"] == csv_images()[
                     "operator"
                 ].removeprefix("docker.io/")
-                assert get_json(cluster, "secret", f"{manager}-service-cert", "-n", ns)["data"]
+                # The webhook Deployment serves admissions under its own ServiceAccount, with
+                # the certificate OLM mounted into it (the webhookdefinitions name it).
+                webhook = f"{FULLNAME}-webhook"
+                wait_for(lambda: deployment_available(cluster, ns, webhook), 180, "the webhook")
+                webhook_pod = get_json(cluster, "deployment", webhook, "-n", ns)["spec"]["template"]
+                assert webhook_pod["spec"]["serviceAccountName"] == webhook
+                assert get_json(cluster, "secret", f"{webhook}-service-cert", "-n", ns)["data"]
                 proxy = f"{FULLNAME}-telemetry-proxy"
                 wait_for(lambda: deployment_available(cluster, ns, proxy), 180, "the proxy")
 

@@ -36,6 +36,7 @@ from tests.node.product import (
     MANAGER_SELECTOR,
     OPERATOR_NS,
     RELEASE,
+    WEBHOOK_SELECTOR,
     Product,
     apply_readme,
     decode,
@@ -154,9 +155,13 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
     assert spec["initContainers"][0]["image"] == product.images["autotrace"]
     product.kubectl("delete", "namespace", ns, "--wait=false")
 
-    # Those admissions were served by an admission worker process in the manager's container
-    # (non-root, read-only root, no capability): the chart's 500m CPU limit gives one.
-    lines = product.kubectl("logs", "-n", OPERATOR_NS, manager["metadata"]["name"]).splitlines()
+    # Those admissions were served by an admission worker process in the webhook Deployment's
+    # container (its own ServiceAccount; non-root, read-only root, no capability): the chart's
+    # 500m CPU limit gives one.
+    (webhook,) = product.pods(OPERATOR_NS, WEBHOOK_SELECTOR)
+    assert webhook["spec"]["serviceAccountName"] == f"{fullname}-webhook"
+    assert webhook["status"]["containerStatuses"][0]["ready"]
+    lines = product.kubectl("logs", "-n", OPERATOR_NS, webhook["metadata"]["name"]).splitlines()
     records = [json.loads(line) for line in lines if line.startswith("{")]
     started = [r for r in records if r.get("msg") == "admission workers started"]
     assert started, lines[-20:]
@@ -899,14 +904,17 @@ def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_i
     product.new_namespace(doomed)
     product.kubectl("apply", "-n", doomed, "-f", "-", input=readme_yaml(TOKEN))
     manager = f"{full(product)}-controller-manager"
-    product.kubectl("scale", "deployment", manager, "-n", OPERATOR_NS, "--replicas=0")
+    webhook = f"{full(product)}-webhook"
+    for name in (manager, webhook):
+        product.kubectl("scale", "deployment", name, "-n", OPERATOR_NS, "--replicas=0")
 
-    def no_manager() -> bool:
-        return not get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", MANAGER_SELECTOR)[
-            "items"
-        ]
+    def no_operator_pod() -> bool:
+        return not any(
+            get_json(product.cluster, "pods", "-n", OPERATOR_NS, "-l", selector)["items"]
+            for selector in (MANAGER_SELECTOR, WEBHOOK_SELECTOR)
+        )
 
-    wait_until(no_manager, 120, "no manager pod")
+    wait_until(no_operator_pod, 120, "no manager or webhook pod")
     try:
         # The injector's failurePolicy is Ignore: admitted, not (yet) instrumented.
         created = product.kubectl(
@@ -919,7 +927,8 @@ def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_i
         lumigo = get_json(product.cluster, "lumigo", "lumigo", "-n", doomed)
         assert lumigo["metadata"]["deletionTimestamp"]
     finally:
-        product.kubectl("scale", "deployment", manager, "-n", OPERATOR_NS, "--replicas=1")
+        for name in (manager, webhook):
+            product.kubectl("scale", "deployment", name, "-n", OPERATOR_NS, "--replicas=1")
 
     wait_until(
         lambda: is_injected(get_json(product.cluster, "deployment", "during", "-n", ns)),
@@ -936,8 +945,9 @@ def test_with_the_operator_down_deployments_are_admitted_and_instrumented_once_i
     # Back to normal: the manager Available and the defaulter reachable through its Service
     # again (until kube-proxy routes to the new pod, a Lumigo create is refused: failurePolicy
     # Fail, by design).
-    wait_until(lambda: deployment_available(product.cluster, OPERATOR_NS, manager), 120,
-               "the manager Available")  # fmt: skip
+    for name in (manager, webhook):
+        wait_until(lambda n=name: deployment_available(product.cluster, OPERATOR_NS, n), 120,
+                   f"{name} Available")  # fmt: skip
     wait_defaulter(product, ns)
 
 
