@@ -200,12 +200,10 @@ def add_admission_server(
 ) -> AdmissionServer:
     """The HTTPS server of the two admission routes, started and stopped by `manager`."""
     routes = admission_routes(inject, MutateHandler(inject.lumigoes))
-    server = AdmissionServer(
-        routes,
-        tls,
-        ServerOptions(host=opts.webhook_host, port=opts.webhook_port),
-        listener=listener,
-    )
+    options = ServerOptions(host=opts.webhook_host, port=opts.webhook_port,
+                            body_budget_bytes=opts.webhook_body_budget,
+                            large_body_slots=opts.webhook_large_body_slots)  # fmt: skip
+    server = AdmissionServer(routes, tls, options, listener=listener)
     manager.add_runnable(Runnable("webhook-server", server.start, server.stop))
     manager.probes.readyz["webhook-server"] = server.ready
     return server

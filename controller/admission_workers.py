@@ -19,6 +19,7 @@ lets each worker drain its requests. A worker exits when the manager goes away (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import math
@@ -45,8 +46,10 @@ from prometheus_client.registry import Collector
 
 from controller.options import RunOptions
 from controller.runtime import events
+from webhook.admission import memory
 from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.admission.readiness import NotReady
+from webhook.admission.review import MAX_BODY_BYTES
 from webhook.admission.server import ServerOptions, bind
 from webhook.inject_handler import INJECTIONS_TOTAL
 
@@ -67,10 +70,12 @@ _STABLE_AFTER = 60.0  # a worker up this long starts the next restart's backoff 
 
 
 def default_worker_count() -> int:
-    """The container's CPU limit, rounded up (cgroup v2 or v1), within the CPUs we may run on."""
+    """The container's CPU limit, rounded up (cgroup v2 or v1), within the CPUs we may run on,
+    and no more workers than its memory limit holds (`webhook.admission.memory`)."""
     cpus = len(os.sched_getaffinity(0))
     limit = _cgroup_cpu_limit()
-    return max(1, min(cpus, math.ceil(limit))) if limit else max(1, cpus)
+    wanted = max(1, min(cpus, math.ceil(limit))) if limit else max(1, cpus)
+    return memory.workers_that_fit(wanted, memory.container_memory_limit(), MAX_BODY_BYTES)
 
 
 def _cgroup_cpu_limit() -> float | None:
@@ -118,6 +123,7 @@ class AdmissionWorkers:
         _remove_stale_metrics_dirs()
         self._metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{_process_identity()}-")
         _show_worker_metrics(self._metrics_dir)
+        self._share_large_bodies(Path(self._metrics_dir) / "slots")  # removed with the directory
         for index in range(self.count):
             self._spawn(index)
         self._supervisor = threading.Thread(target=self._supervise, name="webhook-workers",
@@ -126,6 +132,23 @@ class AdmissionWorkers:
         _yield_to_workers(keep=self._supervisor)
         port = self._listener.getsockname()[1]
         log.info("admission workers started", extra={"workers": self.count, "port": port})
+
+    def _share_large_bodies(self, slots: Path) -> None:
+        """The workers' body budgets and the slots they share to handle large bodies, so that
+        together they stay within the container's memory limit whatever clients send."""
+        plan = memory.plan(self.count, memory.container_memory_limit(), MAX_BODY_BYTES)
+        slots.mkdir()
+        memory.LargeBodySlots.create(slots, plan.large_slots)
+        self.opts = dataclasses.replace(self.opts, webhook_body_budget=plan.body_budget_bytes,
+                                        webhook_large_body_slots=str(slots))  # fmt: skip
+        if plan.fits:
+            log.info("admission memory plan", extra={"plan": plan.describe()})
+        else:
+            log.warning(
+                "the admission workers may exceed the container's memory limit: raise it by "
+                f"~{memory.WORKER_BYTES // memory.MiB} MiB per worker, or lower the workers",
+                extra={"plan": plan.describe()},
+            )
 
     def stop(self) -> None:
         """SIGTERM every worker (each drains its requests), then wait; kill what lingers."""

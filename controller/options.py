@@ -58,6 +58,9 @@ class RunOptions:
     webhook_host: str = "0.0.0.0"  # noqa: S104 - the API server reaches us through a Service
     webhook_port: int = 9443
     webhook_workers: int = -1  # processes serving admissions; -1: the container's CPU limit
+    # Not flags: what the workers' supervisor gives each worker (webhook.admission.memory).
+    webhook_body_budget: int = 32 * 1024 * 1024
+    webhook_large_body_slots: str = ""
     cert_mode: str = "self"
     cert_dir: Path = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - OLM's path
     cert_secret: str = "lumigo-lumigo-operator-lumigo-injector-webhook-certs"

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import http.client
 import json
+import multiprocessing
 import os
 import resource
 import signal
@@ -28,10 +29,10 @@ from typing import Any
 
 from localcluster import wait_until
 from tests.support import reviews
-from webhook.admission import certs
+from webhook.admission import certs, memory
 from webhook.admission.review import MAX_BODY_BYTES
 from webhook.admission.routing import Route
-from webhook.admission.server import AdmissionServer, ServerOptions
+from webhook.admission.server import AdmissionServer, ServerOptions, bind
 from webhook.admission.tls import ServingTLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,6 +255,117 @@ def _serve(directory: Path) -> None:
     server.stop()
 
 
+# --- admission worker processes on one socket, as in the pod ----------------------------------
+
+
+class ServerGroup:
+    """`count` processes serving the real routes on one listening socket, as the admission
+    workers of a pod do, with the body budget and the pod-wide large-body slots of
+    `webhook.admission.memory.plan` for `limit` (`shared_slots=False`: each process on its
+    own, as before issue 28). Memory is the sum of the processes' PSS (shared pages counted
+    once, as the pod's cgroup does), sampled every 20 ms: `peak_bytes`."""
+
+    def __init__(self, directory: Path, count: int, limit: int, shared_slots: bool) -> None:
+        self.plan = memory.plan(count, limit, MAX_BODY_BYTES)
+        slots = ""
+        if shared_slots:
+            (directory / "slots").mkdir()
+            memory.LargeBodySlots.create(directory / "slots", self.plan.large_slots)
+            slots = str(directory / "slots")
+        options = ServerOptions(host="127.0.0.1", port=0, large_body_slots=slots,
+                                body_budget_bytes=self.plan.body_budget_bytes)  # fmt: skip
+        state = new_pki()
+        self.ca_file = directory / "ca.pem"
+        self.ca_file.write_bytes(state.bundle_pem)
+        self.context = ssl.create_default_context(cafile=str(self.ca_file))
+        pem = (state.serving.cert_pem, state.serving.key_pem)
+        self.listener = bind("127.0.0.1", 0)
+        self.port = int(self.listener.getsockname()[1])
+        ctx = multiprocessing.get_context("spawn")
+        self.processes = [
+            ctx.Process(target=_serve_on, args=(self.listener, pem, options, directory / str(i)))
+            for i in range(count)
+        ]
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, name="pss-sampler", daemon=True)
+
+    def start(self) -> None:
+        for process in self.processes:
+            process.start()
+        directory = self.ca_file.parent
+
+        def gone() -> list[int | None]:
+            return [p.exitcode for p in self.processes if not p.is_alive()]
+
+        def listening() -> bool:
+            return all((directory / str(i)).exists() for i in range(len(self.processes)))
+
+        wait_until(lambda: listening() or bool(gone()), 60, "the server processes to listen")
+        if gone():
+            raise RuntimeError(f"server processes exited with {gone()}")
+        self._sampler.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._sampler.is_alive():
+            self._sampler.join()
+        started = [p for p in self.processes if p.pid is not None]
+        for process in started:
+            process.terminate()
+        for process in started:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.listener.close()
+
+    def rss_bytes(self) -> int:
+        """The processes' memory now (PSS, summed)."""
+        total = 0
+        for process in self.processes:
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                total += _pss_bytes(process.pid or 0)
+        return total
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):  # a sampling period, not a wait for a condition
+            self.peak_bytes = max(self.peak_bytes, self.rss_bytes())
+
+
+def _pss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError("no Pss in smaps_rollup")
+
+
+@contextlib.contextmanager
+def server_processes(count: int, limit: int, *, shared_slots: bool = True) -> Iterator[ServerGroup]:
+    with tempfile.TemporaryDirectory() as tmp:
+        group = ServerGroup(Path(tmp), count, limit, shared_slots)
+        try:
+            group.start()
+            yield group
+        finally:
+            group.stop()
+
+
+def _serve_on(listener: socket.socket, pem: tuple[bytes, bytes], options: ServerOptions,
+              ready: Path) -> None:  # fmt: skip
+    """A server process of a `ServerGroup`: serves until SIGTERM."""
+    tls = ServingTLS()
+    tls.load_pem(*pem)
+    server = AdmissionServer(real_routes(), tls, options, listener=listener)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    server.start()
+    ready.touch()
+    while not stopped.wait(0.2):
+        pass
+    server.stop()
+
+
 def max_size_review() -> bytes:
     """An AdmissionReview of exactly the size the server accepts, its bulk in the first
     container's env: the inject handler copies and rewrites env, the costliest shape found
@@ -279,7 +391,8 @@ class Flood:
     normal_seconds: float
 
 
-def max_size_flood(proc: ServerProcess, count: int, path: str = "/v1alpha1/inject") -> Flood:
+def max_size_flood(proc: ServerProcess | ServerGroup, count: int,
+                   path: str = "/v1alpha1/inject") -> Flood:  # fmt: skip
     """`count` concurrent maximum-size admissions, and a normal one sent while they are being
     parsed (the server's memory has grown by 100 MiB)."""
     big = max_size_review()

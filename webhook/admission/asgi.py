@@ -18,7 +18,9 @@ no client can make another wait for room:
   a trickling client gives its connection and its bytes back within seconds, well before the
   request deadline of the protocol.
 - Bodies being handled at once are capped by `handler_budget_bytes`, because a JSON body
-  expands ~24x into Python objects (one 7 MiB review peaks at ~220 MiB in the inject handler).
+  expands ~24x into Python objects (one 7 MiB review peaks at ~235 MiB in the inject handler),
+  and, when the processes of a pod share `large_slots`, by those across the pod
+  (`webhook.admission.memory`).
 Small requests (~0.2 ms of CPU) are handled on the event loop; large ones on a thread, so they
 never hold up the small ones behind them.
 """
@@ -35,6 +37,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from webhook.admission.memory import QUANTUM, LargeBodySlots
 from webhook.admission.messages import Request, RequestHandler, Response, status_response
 from webhook.admission.review import quote
 
@@ -46,7 +49,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 INLINE_BYTES = 64 * 1024  # bodies up to this size are never counted, and handled on the loop
-QUANTUM = 256 * 1024  # room a large body takes ahead of the bytes it is sent
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -58,6 +60,8 @@ class BodyLimits:
     wait_timeout: float  # the longest a body waits for room to be handled (then 503)
     min_body_rate: float  # bytes/s a body must arrive at on average, after `body_grace`
     body_grace: float  # seconds a body may pause, or lag behind `min_body_rate`
+    # Shared with the other processes of the pod: one is held while a large body is handled.
+    large_slots: LargeBodySlots | None = None
 
 
 class HandlerApp:
@@ -154,9 +158,20 @@ class HandlerApp:
             return status_response(503, "too many large requests at once: try again")
         try:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.pool, self._run, request)
+            return await loop.run_in_executor(self.pool, self._run_large, request)
         finally:
             self._handling.release(size)
+
+    def _run_large(self, request: Request) -> Response:
+        """On a pool thread: handled once a slot of the pod is ours (if slots are shared)."""
+        slots = self.limits.large_slots
+        if slots is None:
+            return self._run(request)
+        with slots.hold(self.limits.wait_timeout) as held:
+            if not held:
+                return status_response(503, "too many large requests at once: try again",
+                                       headers={"Retry-After": "1"})  # fmt: skip
+            return self._run(request)
 
     def _run(self, request: Request) -> Response:
         try:

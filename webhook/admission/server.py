@@ -38,12 +38,14 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 import uvloop
 
 from webhook.admission.asgi import BodyLimits, HandlerApp
+from webhook.admission.memory import LargeBodySlots
 from webhook.admission.messages import Request, RequestHandler, Response, status_response
 from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.admission.protocol import BoundedProtocol, Connections
@@ -83,6 +85,7 @@ class ServerOptions:
     handler_budget_bytes: int = MAX_BODY_BYTES + MiB  # bodies being handled at once
     min_body_rate: float = 128 * 1024  # bytes/s a body must arrive at, on average...
     body_grace: float = 2.0  # ...after this many seconds; nor may it pause longer (408)
+    large_body_slots: str = ""  # directory of slot files shared by the pod's processes
     max_request_line: int = 8192
     max_header_bytes: int = 64 * 1024
     max_headers: int = 100
@@ -228,6 +231,7 @@ class HTTPServer:
             wait_timeout=opts.request_timeout,
             min_body_rate=opts.min_body_rate,
             body_grace=opts.body_grace,
+            large_slots=_slots(opts.large_body_slots),
         )
         self._app = HandlerApp(self.handler, limits, self._pool, self.name)
         tls = self.tls
@@ -341,6 +345,10 @@ class AdmissionServer(HTTPServer):
             in_flight.dec()
             REQUESTS_TOTAL.labels(path, str(code)).inc()
             LATENCY_SECONDS.labels(path).observe(time.perf_counter() - started)
+
+
+def _slots(directory: str) -> LargeBodySlots | None:
+    return LargeBodySlots(Path(directory)) if directory else None
 
 
 def _connection_cap(wanted: int) -> int:
