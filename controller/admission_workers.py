@@ -135,8 +135,20 @@ class AdmissionWorkers:
 
     def _share_large_bodies(self, slots: Path) -> None:
         """The workers' body budgets and the slots they share to handle large bodies, so that
-        together they stay within the container's memory limit whatever clients send."""
-        plan = memory.plan(self.count, memory.container_memory_limit(), MAX_BODY_BYTES)
+        together they stay within the container's memory limit whatever clients send; no more
+        workers than fit it (an OOM-killed pod serves no admission at all)."""
+        limit = memory.container_memory_limit()
+        fit = memory.workers_that_fit(self.count, limit, MAX_BODY_BYTES)
+        if fit < self.count:
+            asked = memory.plan(self.count, limit, MAX_BODY_BYTES)
+            log.warning(
+                f"starting {fit} admission worker(s) of the {self.count} asked for: more would "
+                f"not fit the container's memory limit; raise it to ~"
+                f"{int(asked.needed_bytes / memory.HEADROOM) // memory.MiB} MiB for all",
+                extra={"asked": asked.describe()},
+            )
+            self.count = fit
+        plan = memory.plan(self.count, limit, MAX_BODY_BYTES)
         slots.mkdir()
         memory.LargeBodySlots.create(slots, plan.large_slots)
         self.opts = dataclasses.replace(self.opts, webhook_body_budget=plan.body_budget_bytes,
@@ -144,11 +156,8 @@ class AdmissionWorkers:
         if plan.fits:
             log.info("admission memory plan", extra={"plan": plan.describe()})
         else:
-            log.warning(
-                "the admission workers may exceed the container's memory limit: raise it by "
-                f"~{memory.WORKER_BYTES // memory.MiB} MiB per worker, or lower the workers",
-                extra={"plan": plan.describe()},
-            )
+            log.warning("one admission worker may exceed the container's memory limit: raise it",
+                        extra={"plan": plan.describe()})  # fmt: skip
 
     def stop(self) -> None:
         """SIGTERM every worker (each drains its requests), then wait; kill what lingers."""

@@ -13,8 +13,9 @@ one already pass a 512 Mi limit). The plan, from the container's limit L (cgroup
 - `slots` (at least one) is how many maximum-size bodies all workers together handle at once:
   a worker takes one of the slot files with `flock` before it handles a large body, so the
   kernel gives it back even when the worker is killed;
-- `auto` starts no more workers than fit with one slot; an explicit count that does not fit is
-  served as asked, with a warning that says what to raise.
+- no more workers start than fit with one slot: `auto` (the CPU limit) and an explicit count
+  alike are lowered to what fits, with a warning that says what limit all would need (an
+  OOM-killed pod serves no admission at all; the Lumigo defaulter fails closed).
 """
 
 from __future__ import annotations
