@@ -54,6 +54,8 @@ extern int setenv(const char *name, const char *value, int overwrite) __attribut
 extern char **environ __attribute__((weak));
 
 #define AT_FDCWD (-100)
+#define O_RDONLY_CLOEXEC 02000000 /* O_RDONLY | O_CLOEXEC, the same on x86_64 and aarch64 */
+#define EINTR 4
 #define R_OK 4
 #define PATH_BUF 4096
 #define VALUE_BUF 32768
@@ -358,18 +360,35 @@ static int contains(const char *s, const char *needle) {
     return 0;
 }
 
-/* Any argument of this process's command line that starts with `prefix`? */
+/*
+ * Any argument of this process's command line that starts with `prefix`? All of
+ * /proc/self/cmdline is read, however long (a JVM's classpath alone can be hundreds of KiB
+ * before its -javaagent; the kernel bounds the whole at ARG_MAX): it streams through a small
+ * buffer and the start of each argument is matched as it goes by, so an argument split across
+ * two reads is matched like any other and no buffer size limits how far an argument may be.
+ */
 static int cmdline_has(const char *prefix) {
-    char args[VALUE_BUF];
-    long fd = sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/cmdline", 0 /* O_RDONLY */, 0);
+    char chunk[4096];
+    long fd = sys4(SYS_openat, AT_FDCWD, (long)"/proc/self/cmdline", O_RDONLY_CLOEXEC, 0);
     if (fd < 0) return 0;
-    long n = sys4(SYS_read, fd, (long)args, (long)(sizeof args - 1), 0);
+    size_t matched = 0; /* the current argument starts with that many characters of prefix */
+    int candidate = 1;  /* ... and may still start with all of it */
+    int found = 0;
+    while (!found) {
+        long n = sys4(SYS_read, fd, (long)chunk, (long)sizeof chunk, 0);
+        if (n == -EINTR) continue;
+        if (n <= 0) break; /* the end, or an error: what was read is all there is to go by */
+        for (long i = 0; i < n && !found; i++) {
+            if (chunk[i] == 0) {
+                matched = 0, candidate = 1;
+            } else if (candidate) {
+                candidate = chunk[i] == prefix[matched];
+                found = candidate && prefix[++matched] == 0;
+            }
+        }
+    }
     sys4(SYS_close, fd, 0, 0, 0);
-    if (n <= 0) return 0;
-    args[n] = 0;
-    for (long i = 0; i < n; i += (long)str_len(args + i) + 1)
-        if (starts_with(args + i, prefix)) return 1;
-    return 0;
+    return found;
 }
 
 /* Only what an HTTP header value may hold unquoted, and no ',' or '=' (the OTLP headers list). */

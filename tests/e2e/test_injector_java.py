@@ -103,6 +103,26 @@ def test_a_jvm_with_its_own_agent_keeps_it_and_gets_nothing_of_ours(
         assert receiver.exports == []
 
 
+def test_a_jvm_with_its_own_agent_after_a_long_classpath_keeps_it(
+    jvm_app: Path, injector_payload: Path, tmp_path: Path
+) -> None:
+    """The user's -javaagent after a 110 KiB classpath (a JVM with many dependencies): it is
+    found on the command line however far into it it is, so the JVM is not instrumented twice."""
+    own = f"-javaagent:{jvm_app / 'OwnAgent.jar'}"
+    dependencies = [f"/nonexistent/lib/dependency-{i:05}.jar" for i in range(2900)]
+    classpath = ":".join([*dependencies, str(jvm_app)])
+    assert 100 * 1024 < len(classpath) < 128 * 1024  # one argument's limit (MAX_ARG_STRLEN)
+    with OtlpReceiver() as receiver:
+        env = {**base_env(tmp_path), **webhook_env(injector_payload, receiver.endpoint, "app")}
+        with running_app(["java", "-cp", classpath, own, "App"], env, tmp_path) as app:
+            status, seen = app.get("/hello")
+            assert status == 200
+            assert seen["env"]["JAVA_TOOL_OPTIONS"] is None
+        assert "own agent loaded" in app.output()
+        assert "Picked up JAVA_TOOL_OPTIONS" not in app.output()
+        assert receiver.exports == []
+
+
 def test_a_jvm_without_a_token_runs_untouched(
     jvm_app: Path, injector_payload: Path, tmp_path: Path
 ) -> None:

@@ -38,7 +38,7 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         ),
     }  # fmt: skip
     for libc in ("glibc", "musl"):
-        for name in ("node", "python3", "python3.12"):
+        for name in ("node", "python3", "python3.12", "java"):
             shutil.copy2(built[libc], out / libc / name)
     for cgo in ("0", "1"):
         exe = out / f"hello-go-cgo{cgo}"
@@ -146,6 +146,35 @@ def test_runtime_values_are_added_once_and_only_with_a_token(
     shutil.copy2(injector_payload / "injector" / "lumigo_injector.so", empty)
     broken = {**env, "LD_PRELOAD": str(empty / "lumigo_injector.so")}
     assert probe(run([node], broken).stdout)["getenv NODE_OPTIONS"] is None
+
+
+@pytest.mark.parametrize("libc", ["glibc", "musl"])
+def test_a_javaagent_anywhere_on_a_long_command_line_keeps_ours_out(
+    libc: str, programs: dict[str, Path], injector_payload: Path, tmp_path: Path
+) -> None:
+    """A JVM whose command line has its own -javaagent gets nothing of ours, however far into
+    the command line the flag is: a JVM's classpath and -D flags can run to hundreds of KiB.
+    Here the flag straddles 32 KiB (where the injector once stopped reading /proc/self/cmdline)
+    and comes after 960 KiB of arguments. envprobe copied as `java`: its arguments are the
+    names of the variables it prints."""
+    java = str(programs[libc].parent / "java")
+    env = injected_env(injector_payload, tmp_path)
+    ours = f"-javaagent:{injector_payload / 'java' / 'opentelemetry-javaagent.jar'}"
+    own = "-javaagent:/srv/own-agent.jar"
+
+    def java_tool_options(*args: str) -> str | None:
+        result = run([java, *args, "JAVA_TOOL_OPTIONS"], env)
+        assert result.returncode == 0, result.stderr
+        return probe(result.stdout)["getenv JAVA_TOOL_OPTIONS"]
+
+    straddling = "-Dpad=" + "x" * (32 * 1024 - 4 - len(java) - 1 - len("-Dpad=") - 1)
+    assert len(java) + 1 + len(straddling) + 1 == 32 * 1024 - 4  # "-jav" before 32 KiB
+    far = ["-Dpad=" + "x" * (120 * 1024)] * 8
+    assert java_tool_options() == ours
+    assert java_tool_options(*far) == ours
+    assert java_tool_options(straddling, own) is None
+    assert java_tool_options(*far, own) is None
+    assert java_tool_options(*far, "-Dx=-javaagent:/in/a/value.jar") == ours  # not an argument
 
 
 def test_debug_output_only_when_asked_and_never_the_token(
