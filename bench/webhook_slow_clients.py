@@ -17,6 +17,11 @@ bench/results/webhook_slow_clients.json.
 
     .venv/bin/python bench/webhook_slow_clients.py [--crowd 1000] [--rate 50] [--duration 10]
         [--announcers 20] [--only none,idle,trickle,tcp,announce] [--no-big]
+        [--workers 1,2,4] [--limit-mib 512]
+
+Last, for each --workers count: that many server processes on one socket (as the admission
+workers of a pod) under --big concurrent maximum-size requests, their summed PSS at rest and at
+the peak, with the large-body slots of `webhook.admission.memory` shared and without.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from tests.support.webhook_server import (  # noqa: E402
     max_size_review,
     raise_fd_limit,
     server_process,
+    server_processes,
 )
 from webhook.admission.server import ServerOptions  # noqa: E402
 
@@ -216,6 +222,31 @@ def big_requests(count: int) -> dict[str, Any]:
         }
 
 
+def worker_memory(counts: list[int], limit: int, requests: int) -> list[dict[str, Any]]:
+    """`requests` concurrent maximum-size requests (and a normal one) on `count` server processes
+    sharing one socket, as the admission workers of a pod: their summed PSS, at rest and at the
+    peak, with the pod's large-body slots shared (now) and without (each process on its own, as
+    before issue 28)."""
+    rows = []
+    for count in counts:
+        for shared in (False, True):
+            with server_processes(count, limit, shared_slots=shared) as group:
+                idle = group.rss_bytes()
+                flood = max_size_flood(group, requests)
+                peak = group.peak_bytes
+                rows.append({
+                    "workers": count,
+                    "shared_slots": shared,
+                    "plan": group.plan.describe(),
+                    "idle_pss_mib": round(idle / 2**20, 1),
+                    "peak_pss_mib": round(peak / 2**20, 1),
+                    "normal_status": flood.normal_status,
+                    "normal_ms": round(flood.normal_seconds * 1000, 1),
+                    "outcomes": {o: flood.outcomes.count(o) for o in sorted(set(flood.outcomes))},
+                })  # fmt: skip
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--crowd", type=int, default=1000)
@@ -227,6 +258,9 @@ def main() -> int:
     parser.add_argument("--no-big", action="store_true", help="skip the maximum-size requests")
     parser.add_argument("--announcers", type=int, default=20,
                         help="connections announcing a large body and trickling it")  # fmt: skip
+    parser.add_argument("--workers", default="1,2,4",
+                        help="worker counts whose memory is measured ('' skips it)")  # fmt: skip
+    parser.add_argument("--limit-mib", type=int, default=512, help="the memory limit planned for")
     parser.add_argument("--only", default=",".join(("none", *KINDS)),
                         help="comma-separated scenarios to run")  # fmt: skip
     parser.add_argument("--crowd-child", nargs=4, help=argparse.SUPPRESS)
@@ -253,6 +287,8 @@ def main() -> int:
             scenarios[kind]["crowd_reopened"] = stats["reopened"]
         server_peak = proc.peak_rss_bytes() / 2**20
     big = None if args.no_big else big_requests(args.big)
+    counts = [int(c) for c in args.workers.split(",") if c]
+    workers = worker_memory(counts, args.limit_mib * 2**20, args.big)
     result = {
         "benchmark": "webhook_slow_clients",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -265,6 +301,7 @@ def main() -> int:
         "admissions": scenarios,
         "server_peak_rss_mib_under_crowds": round(server_peak, 1),
         "max_size_requests": big,
+        "worker_memory": workers,
         "targets": {"p99_ms_under_crowd": 100, "peak_rss_mib": 512},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -279,6 +316,14 @@ def main() -> int:
             f"(errors {ka['errors']}); new connection p50 {new['p50_ms']} ms "
             f"p99 {new['p99_ms']} ms (errors {new['errors']})"
             + (f"; crowd re-opened {figures['crowd_reopened']}x" if kind != "none" else "")
+        )
+    for row in workers:
+        print(
+            f"{row['workers']} worker process(es), large-body slots "
+            f"{'shared' if row['shared_slots'] else 'per process'}: PSS {row['idle_pss_mib']} MiB "
+            f"at rest, peak {row['peak_pss_mib']} MiB under {args.big} concurrent 7 MiB requests "
+            f"(+ the supervising process); normal {row['normal_status']} in {row['normal_ms']} "
+            f"ms; large: {row['outcomes']}; plan for {args.limit_mib} MiB: {row['plan']}"
         )
     if big is None:
         print(f"wrote {RESULTS.relative_to(ROOT)}")
