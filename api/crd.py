@@ -144,6 +144,7 @@ def crd_manifest() -> JSONSchema:
     conditions["x-kubernetes-list-map-keys"] = ["type"]
     status["properties"]["instrumentedResources"]["items"]["x-kubernetes-map-type"] = "atomic"
     status["properties"]["revertedResources"]["items"]["x-kubernetes-map-type"] = "atomic"
+    status["properties"]["skippedResources"]["items"]["x-kubernetes-map-type"] = "atomic"
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

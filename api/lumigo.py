@@ -330,6 +330,10 @@ class RevertedResourceSchema(ObjectReferenceSchema):
     )
 
 
+class SkippedResourceSchema(ObjectReferenceSchema):
+    reason = StrictString(load_default="", metadata={"description": "Why it is not instrumented."})
+
+
 class RolloutsSchema(_Base):
     rolling = fields.Integer(
         load_default=0,
@@ -364,6 +368,15 @@ class LumigoStatusSchema(_Base):
             "description": (
                 "Workloads whose instrumentation was reverted because their new pods failed;"
                 " remove the operator.lumigo.io/instrumentation-reverted annotation to retry."
+            )
+        },
+    )
+    skippedResources = fields.List(
+        fields.Nested(SkippedResourceSchema),
+        metadata={
+            "description": (
+                "Workloads left uninstrumented because instrumenting them would harm them (e.g."
+                " an ephemeral-storage limit that the payload copy would exceed), and why."
             )
         },
     )

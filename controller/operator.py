@@ -31,6 +31,7 @@ from controller.lumigo.injection_mode import InjectionModePublisher
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.reconciler import LumigoReconciler
 from controller.lumigo.revert import PodReader, Reverter
+from controller.lumigo.skipped import STORAGE_PROBLEM, storage_state
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
 from controller.runtime.informer import Informer, Selection, metadata_projection
@@ -55,8 +56,8 @@ JSON = dict[str, Any]
 
 
 def _workload_state(obj: JSON) -> JSON:
-    """What the workload caches keep beyond metadata: the opt-out and rollout states."""
-    return {**opted_out_state(obj), **rollouts.state(obj)}
+    """What the workload caches keep beyond metadata: the opt-out, rollout and storage states."""
+    return {**opted_out_state(obj), **rollouts.state(obj), **storage_state(obj)}
 
 
 def _labels_changed(old: JSON | None, new: JSON) -> bool:
@@ -69,6 +70,7 @@ def _labels_changed(old: JSON | None, new: JSON) -> bool:
     return bool(
         (old.get("metadata") or {}).get("labels") != (new.get("metadata") or {}).get("labels")
         or old.get(OPTED_OUT_INSTRUMENTED) != new.get(OPTED_OUT_INSTRUMENTED)
+        or old.get(STORAGE_PROBLEM) != new.get(STORAGE_PROBLEM)
         or old.get(rollouts.STATE) != new.get(rollouts.STATE)
     )
 

@@ -74,7 +74,7 @@ log = logging.getLogger("lumigo.webhook.inject")
 #   reason   short machine-readable token, e.g. lumigo, label-opt-in, no-lumigo, not-active,
 #            injection-disabled, opted-out, skip-next-injector, deployment-owned, windows-pod,
 #            job-immutable, being-deleted, reverted, already-instrumented, list-error,
-#            invalid-settings, internal-error
+#            invalid-settings, internal-error, ephemeral-storage
 INJECTIONS_TOTAL = Counter(
     "lumigo_injections_total",
     "Workload admissions seen by the injector webhook, by outcome and reason.",
@@ -306,6 +306,17 @@ class InjectHandler:
             return _Decision(allow(request, CANNOT_INJECT.format(error=error)), "failed", reason)
         self._warn_about_containers(subject, kind)
         ops = diff(subject.obj, mutated)
+        evicted_by_copy = mutation.storage_problem(subject.obj, settings, kind)
+        if evicted_by_copy is not None:
+            # Never get a user's pod evicted: not instrumented (what was there is removed), and
+            # a Warning says why; the controller lists it in the Lumigo's status.
+            trigger = events.webhook_trigger(
+                source.trigger_namespace, source.trigger_name, cannot_add=True
+            )
+            self._record(subject, events.WARNING, "add", trigger, evicted_by_copy)
+            if kind == "Job" and request.operation == "UPDATE":
+                ops = []  # immutable pod template: left as it is
+            return _Decision(patched(request, ops), "skipped", "ephemeral-storage")
         if not ops:
             reason = mutation.skip_reason(subject.obj, kind) or "already-instrumented"
             return _Decision(patched(request, []), "unchanged", reason)

@@ -29,6 +29,8 @@ What `inject` does (the reference's rules, then our fixes):
 - only if the pod spec changed: label `lumigo.auto-trace=lumigo-operator.v<version>` on the
   object and on its pod template (the version is never truncated; it is validated instead);
 - CronJobs: `.spec.jobTemplate.spec.template`; ReplicaSets owned by a Deployment: untouched.
+- in the init-container mode, a pod whose ephemeral-storage limit cannot hold the payload copy
+  gets nothing of ours (`webhook.storage`; the callers record why): never evict a user's pod.
 Fixes: a user's own LD_PRELOAD is kept (see below); the init container gets small resource
 requests/limits and a restricted securityContext; Windows pods are left alone (LD_PRELOAD means
 nothing there and the Linux securityContext fields would make the API server reject the object).
@@ -57,7 +59,7 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import LumigoSpec
-from webhook import containers
+from webhook import containers, storage
 from webhook.admission.jsonpatch import copy_json, equal, same
 from webhook.admission.quantity import parse_quantity, same_quantity
 from webhook.admission.review import quote
@@ -434,7 +436,9 @@ def inject(obj: Mapping[str, Any], settings: InjectionSettings, kind: str | None
     template = _get(result, pod_template_path(kind))
     pod_spec = template["spec"]
     traced = container_selection(result, kind).traced
-    if not traced:  # every container left out: nothing of ours in the pod at all
+    # Every container left out, or a copy that would get the pod evicted: nothing of ours in
+    # the pod at all (removed if it was there).
+    if not traced or storage_problem(result, settings, kind) is not None:
         if _remove_pod_spec(pod_spec):
             _drop_label(result)
             _drop_label(template)
@@ -445,6 +449,23 @@ def inject(obj: Mapping[str, Any], settings: InjectionSettings, kind: str | None
         _set_label(result, settings.label_value)
         _set_label(template, settings.label_value)
     return result
+
+
+def storage_problem(
+    obj: Mapping[str, Any], settings: InjectionSettings, kind: str | None = None
+) -> str | None:
+    """Why the init container's copy would get the (valid) workload's pods evicted for their
+    ephemeral storage (`webhook.storage`), or None; never in the image-volume mode."""
+    if settings.injection_mode == constants.INJECTION_MODE_IMAGE_VOLUME:
+        return None
+    pod_spec = pod_spec_of(obj, kind)
+    return storage.problem(pod_spec) if pod_spec is not None else None
+
+
+def pod_spec_of(obj: Mapping[str, Any], kind: str | None = None) -> Mapping[str, Any] | None:
+    """The pod spec of a workload's pod template, or None when it has none."""
+    pod_spec = _get(obj, (*pod_template_path(_kind(obj, kind)), "spec"))
+    return pod_spec if isinstance(pod_spec, Mapping) else None
 
 
 def container_selection(obj: Mapping[str, Any], kind: str | None = None) -> containers.Selection:

@@ -42,7 +42,7 @@ from api import constants
 from api.effective import governing
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
 from api.marks import ROLLING_KINDS
-from controller.lumigo import monitored, removal
+from controller.lumigo import monitored, removal, skipped
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import (
     InstrumentationIncomplete,
@@ -98,6 +98,9 @@ class LumigoReconciler:
     # event may arrive after the next reconcile starts): they hold their slot meanwhile.
     _started: dict[Target, float] = field(default_factory=dict, init=False)
     _started_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # Workloads left uninstrumented (`skipped`) and the reason a Warning was recorded for: once
+    # per workload and reason, not on every resync.
+    _warned: dict[Target, str] = field(default_factory=dict, init=False)
 
     # -- entry point ---------------------------------------------------------------------------
     def reconcile(self, key: ObjectKey) -> Result:
@@ -122,7 +125,9 @@ class LumigoReconciler:
         first_activation = not st.was_ever_activated(lumigo)
         removals = self._remove_opted_out(lumigo)
         watching = self._revert_broken(key.namespace)
-        progress = self._instrument_namespace(lumigo, spec, first_activation)
+        mode = self.settings_for(spec).injection_mode
+        left_out = self._skipped(key.namespace, mode)
+        progress = self._instrument_namespace(lumigo, spec, first_activation, left_out)
         limit = spec.tracing.injection.max_concurrent_rollouts
         self._write_status(
             lumigo,
@@ -131,6 +136,9 @@ class LumigoReconciler:
             {
                 "rollouts": {"rolling": progress[0], "pending": progress[1]},
                 "revertedResources": self._reverted(key.namespace),
+                "skippedResources": st.sort_instrumented(
+                    [st.reverted_reference(obj, why) for obj, why in left_out.values()]
+                ),
             },
         )
         failed = [o for o in removals if o.error]
@@ -177,9 +185,14 @@ class LumigoReconciler:
 
     # -- instrumentation -----------------------------------------------------------------------
     def _instrument_namespace(
-        self, lumigo: JSON, spec: LumigoSpec, first_activation: bool
+        self,
+        lumigo: JSON,
+        spec: LumigoSpec,
+        first_activation: bool,
+        left_out: dict[Target, tuple[JSON, str]],
     ) -> tuple[int, int]:
-        """Instrument what should be, within the rollout budget: (rolling, pending) after."""
+        """Instrument what should be, within the rollout budget: (rolling, pending) after.
+        `left_out`: the workloads instrumenting would harm (`_skipped`), warned about instead."""
         injection = spec.tracing.injection
         namespace = lumigo["metadata"]["namespace"]
         rolling = self._rolling(namespace)
@@ -210,6 +223,8 @@ class LumigoReconciler:
                 newer = str(obj["metadata"].get("creationTimestamp", "")) > activated
                 if not (inject_existing or newer):
                     continue
+                if Target.of(obj) in left_out:
+                    continue  # warned about by `_skipped`
                 if kind == "Job":
                     if first_activation and inject_existing:
                         jobs.append(Target.of(obj))
@@ -237,6 +252,30 @@ class LumigoReconciler:
         if failed:
             raise InstrumentationIncomplete("instrument", failed, len(outcomes))
         return rolling + len(started), pending
+
+    def _skipped(self, namespace: str, mode: str) -> dict[Target, tuple[JSON, str]]:
+        """Workloads of the namespace left uninstrumented (`skipped.skip_reason`), with why; a
+        Warning event on each, once per workload and reason."""
+        found = {
+            Target.of(obj): (obj, why)
+            for informer in self.workloads.values()
+            for obj in informer.store.list(namespace)
+            if (why := skipped.skip_reason(obj, mode)) is not None
+        }
+        lumigo = self.effective_lumigo(namespace)
+        name = (lumigo or {}).get("metadata", {}).get("name", "")
+        trigger = events.controller_trigger(namespace, name)
+        with self._started_lock:
+            new = [(t, o, w) for t, (o, w) in found.items() if self._warned.get(t) != w]
+            self._warned = {t: w for t, w in self._warned.items() if t.namespace != namespace} | {
+                t: w for t, (_, w) in found.items()
+            }
+        for _, obj, why in sorted(new, key=lambda n: target_order(n[0])):
+            self.instrumenter.recorder.event(
+                obj, events.WARNING, events.reason("add", failed=True),
+                events.message("add", trigger, why), self.instrumenter.component,
+            )  # fmt: skip
+        return found
 
     def _rolling(self, namespace: str) -> int:
         """Workloads of the namespace rolling because we instrumented them: from the cache, plus
