@@ -20,14 +20,22 @@ import base64
 import datetime as dt
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from api.effective import effective, is_active
+from api.effective import effective, in_effect, is_active
 from api.lumigo import InvalidSpecError, load_spec
-from controller.lumigo.status import secret_token, token_secret_problem
+from controller.lumigo.resources import LUMIGOES
+from controller.lumigo.status import (
+    ConditionUpdate,
+    apply_conditions,
+    condition,
+    secret_token,
+    token_secret_problem,
+)
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, ReconcileError, Result
@@ -55,6 +63,20 @@ SYNCS = Counter(
     "Passes of the telemetry proxy configuration loop, by outcome.",
     ["result"],
 )
+LEFT_OUT = Gauge(
+    "lumigo_telemetry_proxy_left_out_namespaces",
+    "Namespaces left out of the telemetry proxy configuration: it would not fit in a Secret.",
+)
+CONDITION_LEFT_OUT = "TelemetryLeftOut"
+REASON_TOO_LARGE = "ProxyConfigurationTooLarge"
+REASON_IN = "InProxyConfiguration"
+LEFT_OUT_MESSAGE = (
+    "the telemetry proxy configuration for all {total} namespaces with an active Lumigo would be "
+    "larger than a Secret holds ({limit} bytes): this namespace, among those whose Lumigo is "
+    "newest, is left out of it (its telemetry is not collected); disable "
+    "spec.infrastructure.kubeEvents in some namespaces' Lumigo resources"
+)
+IN_MESSAGE = "this namespace is in the telemetry proxy configuration"
 MONITORED = Gauge(
     "lumigo_telemetry_proxy_monitored_namespaces",
     "Namespaces whose Kubernetes events and objects the telemetry proxy collects.",
@@ -83,15 +105,49 @@ class ConfigTooLargeError(ReconcileError):
     """The configuration cannot be stored: the proxy keeps running the previous one."""
 
 
-def check_size(text: str, namespaces: int) -> None:
+def check_size(text: str, namespaces: int, limit: int = MAX_CONFIG_BYTES) -> None:
     size = len(text.encode())
-    if size > MAX_CONFIG_BYTES:
+    if size > limit:
         raise ConfigTooLargeError(
             f"the telemetry proxy configuration for {namespaces} monitored namespaces is "
-            f"{size} bytes, more than a Secret can hold ({MAX_CONFIG_BYTES}); the proxy keeps "
+            f"{size} bytes, more than a Secret can hold ({limit}); the proxy keeps "
             "its previous configuration. Disable spec.infrastructure.kubeEvents in some "
             "namespaces' Lumigo resources."
         )
+
+
+def fit(
+    namespaces: list[MonitoredNamespace],
+    settings: ProxySettings,
+    limit: int,
+    seniority: Callable[[MonitoredNamespace], Any],
+) -> tuple[str, list[MonitoredNamespace]]:
+    """The configuration of every namespace when it fits in `limit` bytes; otherwise the largest
+    that does, keeping the namespaces first in `seniority` order (deterministic: the same
+    namespaces give the same text). Never the previous configuration: a namespace removed since
+    is always dropped. Raises ConfigTooLargeError only if not even one without any namespace
+    fits (the settings alone are too large)."""
+    text = render(namespaces, settings)
+    if len(text.encode()) <= limit:
+        return text, namespaces
+    ranked = sorted(range(len(namespaces)), key=lambda i: seniority(namespaces[i]))
+
+    def attempt(count: int) -> tuple[str, list[MonitoredNamespace]]:
+        keep = set(ranked[:count])
+        kept = [ns for i, ns in enumerate(namespaces) if i in keep]  # in the given order
+        return render(kept, settings), kept
+
+    best = attempt(0)
+    check_size(best[0], 0, limit)
+    low, high = 0, len(namespaces) - 1  # the configuration grows with every namespace
+    while low < high:
+        middle = (low + high + 1) // 2
+        candidate = attempt(middle)
+        if len(candidate[0].encode()) <= limit:
+            low, best = middle, candidate
+        else:
+            high = middle - 1
+    return best
 
 
 def _relevance(obj: JSON) -> tuple[Any, ...]:
@@ -119,6 +175,8 @@ class TelemetryProxyReconciler:
     settings: ProxySettings
     _: KW_ONLY
     resync_period: float = 60.0
+    # What the configuration Secret may hold (`fit`).
+    max_config_bytes: int = MAX_CONFIG_BYTES
     # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
     # and created again under the same name comes back with a new Lumigo, so a new entry.
     _namespace_uids: dict[str, str] = field(default_factory=dict, init=False)
@@ -126,6 +184,7 @@ class TelemetryProxyReconciler:
     # namespace -> last logged reason it is left out
     _reported: dict[str, str] = field(default_factory=dict, init=False)
     _deployment_missing: bool = field(default=False, init=False)
+    _left_out: list[str] = field(default_factory=list, init=False)
     _restart_pending: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
@@ -160,19 +219,12 @@ class TelemetryProxyReconciler:
     # -- one pass -------------------------------------------------------------------------------
     def sync(self) -> bool:
         """Render from the cache and apply; True when the configuration changed."""
-        namespaces = self.monitored_namespaces()
+        wanted = self.monitored_namespaces()
         t = self.target
-        # The Lease lives next to the proxy, where its Role allows it.
-        settings = replace(
-            self.settings,
-            lease_namespace=t.namespace,
-            lease_name=f"{t.deployment_name}-k8s-objects",
+        text, namespaces = fit(
+            wanted, self.rendering_settings(), self.max_config_bytes, self._seniority()
         )
-        if not settings.origin.cluster_uid:
-            origin = replace(settings.origin, cluster_uid=self._identity.uid())
-            settings = replace(settings, origin=origin)
-        text = render(namespaces, settings)
-        check_size(text, len(namespaces))
+        self._report_left_out(wanted, namespaces)
         digest = config_hash(text)
         deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
         changed, secret = self._apply_secret(text, digest, deployment)
@@ -235,6 +287,81 @@ class TelemetryProxyReconciler:
         self._namespace_uids = uids  # only namespaces still monitored
         self._report(reasons)
         return out
+
+    def rendering_settings(self) -> ProxySettings:
+        """The settings `render` gets: the Lease next to the proxy, where its Role allows it,
+        and the cluster's UID."""
+        t = self.target
+        settings = replace(
+            self.settings,
+            lease_namespace=t.namespace,
+            lease_name=f"{t.deployment_name}-k8s-objects",
+        )
+        if not settings.origin.cluster_uid:
+            origin = replace(settings.origin, cluster_uid=self._identity.uid())
+            settings = replace(settings, origin=origin)
+        return settings
+
+    # -- over the size cap -----------------------------------------------------------------------
+    def _seniority(self) -> Callable[[MonitoredNamespace], tuple[str, str]]:
+        """Which namespaces stay in first when the configuration must shrink: the oldest
+        Lumigo first (a new one cannot push out those already collected), then by name; a
+        tenant without a Lumigo (workloads opted in by label) last."""
+        created: dict[str, str] = {}
+        for obj in self.lumigoes.store.list():
+            meta = obj.get("metadata") or {}
+            namespace = str(meta.get("namespace", ""))
+            stamp = str(meta.get("creationTimestamp", ""))
+            if stamp and (namespace not in created or stamp < created[namespace]):
+                created[namespace] = stamp
+        return lambda ns: (created.get(ns.name, "~"), ns.name)
+
+    def _report_left_out(
+        self, wanted: list[MonitoredNamespace], kept: list[MonitoredNamespace]
+    ) -> None:
+        """The namespaces the configuration could not hold: a log line and a metric, and a
+        TelemetryLeftOut condition on their Lumigo (False again once they are back in)."""
+        left = sorted({ns.name for ns in wanted} - {ns.name for ns in kept})
+        LEFT_OUT.set(len(left))
+        if left != self._left_out and left:
+            log.warning(
+                "telemetry proxy configuration too large: namespaces left out",
+                extra={"namespaces": left, "limit_bytes": self.max_config_bytes},
+            )
+        elif left != self._left_out:
+            log.info("every monitored namespace is in the telemetry proxy configuration again")
+        self._left_out = left
+        message = LEFT_OUT_MESSAGE.format(total=len(wanted), limit=self.max_config_bytes)
+        for obj in self.lumigoes.store.list():
+            meta = obj.get("metadata") or {}
+            out = str(meta.get("namespace", "")) in left and in_effect(obj)
+            current = condition(obj.get("status"), CONDITION_LEFT_OUT)
+            if out and (current is None or current.get("status") != "True"):
+                self._set_left_out(meta, ConditionUpdate(
+                    CONDITION_LEFT_OUT, True, message, REASON_TOO_LARGE))  # fmt: skip
+            elif not out and current is not None and current.get("status") == "True":
+                self._set_left_out(meta, ConditionUpdate(
+                    CONDITION_LEFT_OUT, False, IN_MESSAGE, REASON_IN))  # fmt: skip
+
+    def _set_left_out(self, meta: JSON, update: ConditionUpdate) -> None:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        def mutate(obj: JSON) -> JSON:
+            status = obj.setdefault("status", {})
+            generation = int((obj.get("metadata") or {}).get("generation") or 0)
+            status["conditions"] = apply_conditions(
+                status.get("conditions") or [], [update], generation, now
+            )
+            return obj
+
+        try:
+            self.client.update_with_retry(
+                LUMIGOES, str(meta.get("name")), str(meta.get("namespace")), mutate,
+                subresource="status",
+            )  # fmt: skip
+        except ApiError as err:
+            if not err.not_found:  # deleted meanwhile: nothing to say
+                raise
 
     # -- helpers ----------------------------------------------------------------------------------
     def _report(self, reasons: dict[str, str]) -> None:
