@@ -44,7 +44,7 @@ from prometheus_client import REGISTRY  # noqa: E402
 
 from api import constants  # noqa: E402
 from controller.lumigo.resources import LUMIGOES  # noqa: E402
-from controller.runtime.events import EventRecorder  # noqa: E402
+from controller.runtime.events import AdmissionEvents, EventRecorder  # noqa: E402
 from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
 from controller.runtime.resources import DEPLOYMENTS, SECRETS  # noqa: E402
@@ -170,7 +170,10 @@ def main() -> int:
             if kind == "Deployment" else None,
         )  # fmt: skip
         recorder.start()
-        events: EventRecorder | _Discard = _Discard() if args.no_events else recorder
+        # Verified before posting, as the operator's admission events are.
+        events: AdmissionEvents | _Discard = (
+            _Discard() if args.no_events else AdmissionEvents(recorder)
+        )
         lister = InformerLister(lumigoes)
         routes = admission_routes(
             InjectHandler(lister, events, InjectionSettings(operator_version="0.1.0")),
