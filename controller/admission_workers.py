@@ -40,12 +40,13 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, multiprocess
+from prometheus_client import REGISTRY, Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from controller.options import RunOptions
 from controller.runtime import events
+from controller.runtime.process_metrics import ChildMetrics
 from webhook.admission import memory
 from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.admission.readiness import NotReady
@@ -113,6 +114,7 @@ class AdmissionWorkers:
         self._stopping = threading.Event()
         self._listener: socket.socket | None = None
         self._metrics_dir: str | None = None
+        self._metrics: _WorkerMetrics | None = None
         self._supervisor: threading.Thread | None = None
         self._restart_at: dict[int, float] = {}
         self._backoff: dict[int, float] = {}
@@ -122,7 +124,7 @@ class AdmissionWorkers:
         self._listener = bind(self.opts.webhook_host, self.opts.webhook_port)
         _remove_stale_metrics_dirs()
         self._metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{_process_identity()}-")
-        _show_worker_metrics(self._metrics_dir)
+        self._metrics = _show_worker_metrics(self._metrics_dir)
         self._share_large_bodies(Path(self._metrics_dir) / "slots")  # removed with the directory
         for index in range(self.count):
             self._spawn(index)
@@ -257,8 +259,9 @@ class AdmissionWorkers:
             del self._workers[worker.index]
         worker.process.join()
         worker.conn.close()
-        if worker.process.pid is not None and self._metrics_dir is not None:
-            multiprocess.mark_process_dead(worker.process.pid, self._metrics_dir)  # type: ignore[no-untyped-call]
+        if worker.process.pid is not None and self._metrics is not None:
+            # Its files folded into the retired ones: restarts never pile files up.
+            self._metrics.children.retire(worker.process.pid)
         if self._stopping.is_set():
             return
         up = time.monotonic() - worker.started
@@ -337,14 +340,15 @@ def _environment(name: str, value: str) -> Iterator[None]:
 
 
 class _WorkerMetrics(Collector):
-    """The workers' webhook series, summed over workers (a dead worker's counts stay)."""
+    """The workers' webhook series, summed over workers (a dead worker's counts stay, folded
+    into the retired files)."""
 
     def __init__(self, directory: str) -> None:
-        self._collector = multiprocess.MultiProcessCollector(None, path=directory)  # type: ignore[no-untyped-call]
+        self.children = ChildMetrics(directory)
         self._names = frozenset(m._name for m in WORKER_METRICS)
 
     def collect(self) -> Iterable[Metric]:
-        found = self._collector.collect()  # type: ignore[no-untyped-call]
+        found = self.children.collect()
         metrics = [m for m in found if m.name in self._names]
         seen = {m.name for m in metrics}
         # A family no worker has a sample of yet is still listed (HELP and TYPE), as it is
@@ -358,7 +362,7 @@ class _WorkerMetrics(Collector):
 _shown: _WorkerMetrics | None = None
 
 
-def _show_worker_metrics(directory: str) -> None:
+def _show_worker_metrics(directory: str) -> _WorkerMetrics:
     """Serve the workers' values of WORKER_METRICS on this process's /metrics (once)."""
     global _shown  # noqa: PLW0603 - one default registry per process
     if _shown is not None:
@@ -369,6 +373,7 @@ def _show_worker_metrics(directory: str) -> None:
                 REGISTRY.unregister(metric)
     _shown = _WorkerMetrics(directory)
     REGISTRY.register(_shown)
+    return _shown
 
 
 # --- the worker process ---------------------------------------------------------------------------
