@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from api import constants
+from controller.lumigo import skipped
 from webhook import storage
 from webhook.admission.review import AdmissionResponse
 from webhook.mutation import InjectionSettings, inject, remove
@@ -173,3 +174,32 @@ def test_a_dry_run_records_nothing() -> None:
     world = World()
     world.admit(small_limit_workload(), dry_run=True)
     assert world.recorder.events == []
+
+
+# --- the controller's cache projection -----------------------------------------------------
+
+
+def test_the_workload_cache_keeps_the_problem_for_the_controller() -> None:
+    small = small_limit_workload()
+    state = skipped.storage_state(small)
+    assert state == {skipped.STORAGE_PROBLEM: storage.problem(template_of(small)["spec"])}
+    assert skipped.storage_state(small_limit_workload("1Gi")) == {}
+    cached = {**small, **state}
+    assert (
+        skipped.skip_reason(cached, constants.INJECTION_MODE_INIT_CONTAINER)
+        == (state[skipped.STORAGE_PROBLEM])
+    )
+    assert skipped.skip_reason(cached, constants.INJECTION_MODE_IMAGE_VOLUME) is None
+    opted_out = {**cached, "metadata": {**cached["metadata"], "labels": {
+        constants.LABEL_AUTO_TRACE: "false"}}}  # fmt: skip
+    assert skipped.skip_reason(opted_out, constants.INJECTION_MODE_INIT_CONTAINER) is None
+
+
+def test_a_deployments_replicaset_is_its_deployments_business() -> None:
+    template = simple_template()
+    template["spec"]["containers"][0]["resources"] = {"limits": {"ephemeral-storage": "1Mi"}}
+    replicaset = workload("ReplicaSet", template)
+    replicaset["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u"}
+    ]
+    assert skipped.storage_state(replicaset) == {}
