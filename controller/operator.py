@@ -46,6 +46,7 @@ from controller.telemetry.agent_config import AgentSettings, MetricsSettings
 from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.provider_id import add_node_provider_ids
 from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.redaction import Redaction
 from webhook import events
 from webhook.admission.cert_manager import CertWriter
 from webhook.mutation import InjectionSettings
@@ -226,6 +227,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         ),
         lease_namespace=opts.namespace,
         heartbeat_interval=opts.telemetry_heartbeat_interval,
+        redaction=Redaction(opts.telemetry_redact_env_values, opts.telemetry_redact_annotations),
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)
     manager.add_controller(telemetry.controller())

@@ -20,6 +20,7 @@ from controller.telemetry.agent_config import (
     InvalidLogRuleError,
     LogFileRule,
 )
+from controller.telemetry.redaction import InvalidRedactionError, parse_patterns
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -98,6 +99,8 @@ class RunOptions:
     telemetry_upstream_endpoint: str = ""
     telemetry_upstream_logs_endpoint: str = ""
     telemetry_heartbeat_interval: str = "1h"
+    telemetry_redact_env_values: bool = False
+    telemetry_redact_annotations: tuple[str, ...] = ()
     cluster_name: str = ""
     deployment_method: str = "Helm"
     cluster_logs: bool = False
@@ -137,6 +140,13 @@ def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
     try:
         return tuple(LogFileRule.from_json(entry) for entry in entries)
     except InvalidLogRuleError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def parse_redact_annotations(text: str) -> tuple[str, ...]:
+    try:
+        return parse_patterns(text)
+    except InvalidRedactionError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
@@ -322,6 +332,30 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     )
     a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", d.cluster_name))
     a("--deployment-method", default=_env("LUMIGO_DEPLOYMENT_METHOD", d.deployment_method))
+    _add_redaction_flags(parser, d)
+
+
+def _add_redaction_flags(parser: argparse.ArgumentParser, d: RunOptions) -> None:
+    a = parser.add_argument
+    a(
+        "--telemetry-redact-env-values",
+        action=argparse.BooleanOptionalAction,
+        default=_env(
+            "LUMIGO_TELEMETRY_REDACT_ENV_VALUES", str(d.telemetry_redact_env_values)
+        ).lower()
+        == "true",
+        help="replace the literal env values of the pods and pod templates the object collection"
+        " sends upstream (and in their last-applied-configuration) by [REDACTED]"
+        " [LUMIGO_TELEMETRY_REDACT_ENV_VALUES]",
+    )
+    a(
+        "--telemetry-redact-annotations",
+        type=parse_redact_annotations,
+        default=parse_redact_annotations(_env("LUMIGO_TELEMETRY_REDACT_ANNOTATIONS", "")),
+        help="annotations whose value the object collection sends as [REDACTED]: a JSON list of"
+        " RE2 regular expressions, each matched against the whole key"
+        " [LUMIGO_TELEMETRY_REDACT_ANNOTATIONS]",
+    )
     _add_cluster_logs_flags(parser, d)
 
 

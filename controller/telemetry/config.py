@@ -35,6 +35,8 @@ from urllib.parse import urlparse
 import yaml
 
 from api.constants import ANNOTATION_PROVIDER_ID
+from controller.telemetry.redaction import Redaction
+from controller.telemetry.redaction import processor as redaction_processor
 
 JSON = dict[str, Any]
 
@@ -163,6 +165,8 @@ class ProxySettings:
     events_queue_items: int = 20_000
     # How often each monitored namespace's Lumigo resources are sent (the heartbeat).
     heartbeat_interval: str = "1h"
+    # What the object collection redacts before it leaves (controller.telemetry.redaction).
+    redaction: Redaction = field(default_factory=Redaction)
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -369,6 +373,9 @@ def _add_events_pipelines(
         "send_batch_size": s.events_batch_size,
         "timeout": s.events_batch_timeout,
     }
+    redact = ["transform/redact"] if s.redaction.enabled else []
+    if redact:
+        config["processors"]["transform/redact"] = redaction_processor(s.redaction)
     for ns in monitored:
         config["receivers"][f"k8s_objects/{ns.name}"] = {
             "auth_type": s.kube_auth,
@@ -399,6 +406,7 @@ def _add_events_pipelines(
         config["service"]["pipelines"][f"logs/ns-{ns.name}"] = {
             "receivers": [f"k8s_objects/{ns.name}", f"k8s_objects/heartbeat-{ns.name}"],
             "processors": [
+                *redact,
                 "transform/heartbeat",
                 "transform/event_pod",
                 "k8s_attributes",
