@@ -45,6 +45,27 @@ control-plane: controller-manager
 lumigo-kubernetes-operator
 {{- end }}
 
+{{/* The webhook Deployment's pods (disjoint from the manager's selector). */}}
+{{- define "lumigo-operator.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "lumigo-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+control-plane: webhook
+{{- end }}
+
+{{- define "lumigo-operator.webhookServiceAccountName" -}}
+{{ include "lumigo-operator.fullname" . }}-webhook
+{{- end }}
+
+{{/* What the webhook serves: the serving pair and the CA certificates, no CA key. */}}
+{{- define "lumigo-operator.servingCertSecret" -}}
+{{ include "lumigo-operator.certSecret" . }}-serving
+{{- end }}
+
+{{/* Where the manager publishes the injection mode it decides (`auto`) for the webhook. */}}
+{{- define "lumigo-operator.injectionModeConfigMap" -}}
+{{ include "lumigo-operator.fullname" . }}-injection-mode
+{{- end }}
+
 {{- define "lumigo-operator.webhookService" -}}
 {{ include "lumigo-operator.fullname" . }}-webhooks-service
 {{- end }}
@@ -109,6 +130,24 @@ nodeAffinity:
         values:
         - amd64
         - arm64
+{{- end }}
+
+{{/* Tolerations / nodeSelector of the webhook, falling back to the manager's, then global. */}}
+{{- define "lumigo-operator.webhookScheduling" -}}
+{{- $tolerations := .Values.injectorWebhook.tolerations | default .Values.controllerManager.tolerations | default .Values.global.tolerations }}
+{{- $nodeSelector := .Values.injectorWebhook.nodeSelector | default .Values.controllerManager.nodeSelector | default .Values.global.nodeSelector }}
+{{- with $tolerations }}
+tolerations:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $nodeSelector }}
+nodeSelector:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* Tolerations / nodeSelector of the manager, falling back to global. */}}
