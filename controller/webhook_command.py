@@ -29,12 +29,17 @@ from controller.runtime.manager import Manager, ManagerOptions, Runnable
 log = logging.getLogger("lumigo.webhook")
 
 
-def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
+def check_options(opts: RunOptions) -> None:
+    """ValueError for what `lumigo-operator webhook` cannot do with its identity."""
     if opts.injection_mode == constants.INJECTION_MODE_AUTO and not opts.injection_mode_configmap:
         raise ValueError(
             "--injection-mode=auto needs --injection-mode-configmap in `lumigo-operator webhook`:"
             " the manager decides the mode and publishes it there"
         )
+
+
+def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
+    check_options(opts)
     manager = Manager(
         client,
         ManagerOptions(
@@ -61,6 +66,7 @@ def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
 
 
 def run_webhook(opts: RunOptions) -> int:
+    check_options(opts)
     client = KubeClient.from_env(opts.kubeconfig)
     manager = build_webhook(client, opts)
     log.info(

@@ -225,15 +225,66 @@ def test_default_render_has_no_key_material_and_labels_operator_workloads() -> N
             for webhook in hook["webhooks"]:
                 assert "caBundle" not in webhook["clientConfig"]
     deployment = find(docs, "Deployment", "lumigo-lumigo-operator-controller-manager")
+    webhook = find(docs, "Deployment", "lumigo-lumigo-operator-webhook")
     proxy = find(docs, "Deployment", "lumigo-lumigo-operator-telemetry-proxy")
     job = find(docs, "Job", "lumigo-lumigo-operator-uninstall-hook")
-    for operator_workload in (deployment, proxy, job):
+    for operator_workload in (deployment, webhook, proxy, job):
         labels = operator_workload["metadata"]["labels"]
         assert labels["lumigo.auto-trace"] == "false"
         pod_labels = operator_workload["spec"]["template"]["metadata"]["labels"]
         assert pod_labels["lumigo.auto-trace"] == "false"
     crd = find(docs, "CustomResourceDefinition", CRD_NAME)
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def webhook_args(docs: list[dict[str, Any]], fullname: str) -> list[str]:
+    webhook = find(docs, "Deployment", f"{fullname}-webhook")
+    (container,) = webhook["spec"]["template"]["spec"]["containers"]
+    args: list[str] = container["args"]
+    return args
+
+
+def test_admission_is_served_by_a_webhook_deployment_that_scales_apart() -> None:
+    """Issue 28 item 7: the webhook Deployment, its own ServiceAccount, the Service selecting
+    its pods only; replicas and workers from the old values unless `injectorWebhook.*` says
+    otherwise; a PodDisruptionBudget only with more than one replica."""
+    docs = load_docs(render_chart("lumigo", "lumigo-system"))
+    fullname = "lumigo-lumigo-operator"
+    webhook = find(docs, "Deployment", f"{fullname}-webhook")
+    manager = find(docs, "Deployment", f"{fullname}-controller-manager")
+    pod = webhook["spec"]["template"]
+    assert pod["spec"]["serviceAccountName"] == f"{fullname}-webhook"
+    assert pod["metadata"]["labels"]["lumigo.auto-trace"] == "false"
+    assert webhook["spec"]["replicas"] == 1
+    assert "--no-serve-webhooks" in manager_container(manager)["args"]
+    service = find(docs, "Service", f"{fullname}-webhooks-service")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    manager_labels = manager["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= manager_labels.items()
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+
+    # Existing values keep their meaning: the manager's replicas and worker count.
+    docs = load_docs(render_chart("lumigo", "lumigo-system", {
+        "controllerManager": {"replicas": 2, "webhookWorkers": 3},
+    }))  # fmt: skip
+    assert find(docs, "Deployment", f"{fullname}-webhook")["spec"]["replicas"] == 2
+    assert "--webhook-workers=3" in webhook_args(docs, fullname)
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == webhook["spec"]["selector"]["matchLabels"]
+
+    # The webhook's own values win, and scale it apart from the manager.
+    docs = load_docs(render_chart("lumigo", "lumigo-system", {
+        "controllerManager": {"replicas": 2, "webhookWorkers": 3},
+        "injectorWebhook": {"replicas": 4, "workers": 0,
+                            "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}},
+    }))  # fmt: skip
+    webhook = find(docs, "Deployment", f"{fullname}-webhook")
+    assert webhook["spec"]["replicas"] == 4
+    assert find(docs, "Deployment", f"{fullname}-controller-manager")["spec"]["replicas"] == 2
+    assert "--webhook-workers=0" in webhook_args(docs, fullname)
+    (container,) = webhook["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"limits": {"cpu": "2", "memory": "1Gi"}}
 
 
 def test_uninstall_hook_and_its_rbac_are_pre_delete_hooks() -> None:

@@ -56,9 +56,14 @@ def hack_module(name: str) -> ModuleType:
 
 
 def config_rbac() -> list[dict[str, Any]]:
-    """Every RBAC object of config/default: the manager's and the telemetry proxy's."""
+    """Every RBAC object of config/default: the manager's, the webhook's and the telemetry
+    proxy's."""
     docs: list[dict[str, Any]] = []
-    paths = [*sorted((CONFIG / "rbac").glob("*.yaml")), CONFIG / "telemetry-proxy" / "rbac.yaml"]
+    paths = [
+        *sorted((CONFIG / "rbac").glob("*.yaml")),
+        *WEBHOOK_RBAC,
+        CONFIG / "telemetry-proxy" / "rbac.yaml",
+    ]
     for path in paths:
         if path.name != "kustomization.yaml":
             docs += load(path)
@@ -67,6 +72,15 @@ def config_rbac() -> list[dict[str, Any]]:
 
 def manager_deployment() -> dict[str, Any]:
     return one(CONFIG / "manager" / "manager.yaml", "Deployment")
+
+
+def webhook_deployment() -> dict[str, Any]:
+    return one(CONFIG / "webhook" / "deployment.yaml", "Deployment")
+
+
+def flags_of(deployment: dict[str, Any]) -> dict[str, str]:
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return dict(a.split("=", 1) for a in args if "=" in a)
 
 
 def proxy_deployment() -> dict[str, Any]:
@@ -92,6 +106,8 @@ def csv_permissions(kind: str, sa: str) -> list[dict[str, Any]]:
 
 
 MANAGER = "lumigo-lumigo-operator-controller-manager"
+WEBHOOK = "lumigo-lumigo-operator-webhook"  # the webhook Deployment and its ServiceAccount
+WEBHOOK_RBAC = (CONFIG / "webhook" / "rbac.yaml", CONFIG / "webhook" / "self_cert_rbac.yaml")
 PROXY = "lumigo-lumigo-operator-telemetry-proxy"
 OPERATOR_SA = "lumigo-kubernetes-operator"
 PROXY_IMAGE = "otel/opentelemetry-collector-contrib:0.152.0"
@@ -214,9 +230,54 @@ def test_self_managed_certificate_rbac_is_limited_to_the_owned_objects() -> None
     named = [r for r in cert["rules"] if r.get("resourceNames")]
     unnamed = [r for r in cert["rules"] if not r.get("resourceNames")]
     assert [r["verbs"] for r in unnamed] == [["create"]]
-    args = manager_deployment()["spec"]["template"]["spec"]["containers"][0]["args"]
-    (secret_flag,) = [a for a in args if a.startswith("--cert-secret=")]
-    assert named[0]["resourceNames"] == [secret_flag.split("=", 1)[1]]
+    flags = flags_of(manager_deployment())
+    assert named[0]["resourceNames"] == [flags["--cert-secret"], flags["--serving-cert-secret"]]
+
+
+def test_admission_is_served_by_its_own_deployment_and_identity() -> None:
+    """Issue 28 item 7: the webhook Service selects the webhook Deployment's pods, never the
+    manager's; the manager does not serve admissions; both name the same certificate objects;
+    the webhook's ServiceAccount reads only the serving Secret (not the CA Secret) and writes
+    nothing but Events."""
+    manager, webhook = manager_deployment(), webhook_deployment()
+    service = one(CONFIG / "webhook" / "service.yaml", "Service")
+    selector = service["spec"]["selector"]
+    webhook_labels = webhook["spec"]["template"]["metadata"]["labels"]
+    manager_labels = manager["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= webhook_labels.items()
+    assert not selector.items() <= manager_labels.items()
+    assert not manager["spec"]["selector"]["matchLabels"].items() <= webhook_labels.items()
+    container = webhook["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["lumigo-operator", "webhook"]
+    manager_args = manager["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-serve-webhooks" in manager_args
+    manager_flags, webhook_flags = flags_of(manager), flags_of(webhook)
+    for flag in ("--cert-secret", "--serving-cert-secret", "--webhook-service",
+                 "--webhook-configurations", "--injection-mode-configmap"):  # fmt: skip
+        assert manager_flags[flag] == webhook_flags[flag], flag
+    assert webhook_flags["--serving-cert-secret"] != webhook_flags["--cert-secret"]
+    sa = webhook["spec"]["template"]["spec"]["serviceAccountName"]
+    assert sa == WEBHOOK != manager["spec"]["template"]["spec"]["serviceAccountName"]
+    docs = [d for path in WEBHOOK_RBAC for d in load(path)]
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"].endswith("Role")}
+    bound = [
+        roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]
+        for b in docs
+        if b["kind"].endswith("Binding") and b["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa, "namespace": "lumigo-system"}
+        ]
+    ]  # fmt: skip
+    assert len(bound) == len(roles) == 4
+    rules = [r for role in bound for r in role["rules"]]
+    for rule in rules:
+        writes = set(rule["verbs"]) - {"get", "list", "watch"}
+        assert not writes or rule["resources"] in (
+            ["events"], ["tokenreviews"], ["subjectaccessreviews"]
+        ), rule  # fmt: skip
+        if "secrets" in rule["resources"]:
+            assert rule["resourceNames"] == [webhook_flags["--serving-cert-secret"]]
+        if {"list", "watch"} & set(rule["verbs"]) and rule["resources"] != ["lumigoes"]:
+            assert rule.get("resourceNames"), rule
 
 
 def test_the_bundle_grants_no_certificate_rbac() -> None:
@@ -339,6 +400,9 @@ def test_manager_flags_follow_the_contract() -> None:
     assert "$(POD_NAMESPACE)" in env["TELEMETRY_PROXY_OTLP_SERVICE"]["value"]
     assert names.index("POD_NAMESPACE") < names.index("TELEMETRY_PROXY_OTLP_SERVICE")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    webhook = webhook_deployment()["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in webhook["ports"]}
     assert ports == {"webhook-server": 9443, "metrics": 8080, "health": 8081}
     service = one(CONFIG / "webhook" / "service.yaml", "Service")
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
@@ -426,7 +490,8 @@ def test_csv_webhookdefinitions_match_config() -> None:
             webhook["sideEffects"],
         )
         assert (got["containerPort"], got["targetPort"]) == (443, 9443)
-        assert got["deploymentName"] == manager_deployment()["metadata"]["name"]
+        # OLM mounts the certificate into the Deployment that serves: the webhook's.
+        assert got["deploymentName"] == webhook_deployment()["metadata"]["name"]
 
 
 def test_csv_has_every_recommended_field() -> None:
@@ -574,6 +639,9 @@ def test_every_manager_flag_of_the_manifests_is_a_cli_flag() -> None:
     bundle_args = csv_deployment(MANAGER)["spec"]["template"]["spec"]["containers"][0]["args"]
     for args in (config_args, bundle_args):
         _cli_accepts(["run", *args])
+    for deployment in (webhook_deployment(), csv_deployment(WEBHOOK)):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        _cli_accepts([*container["command"][1:], *container["args"]])
 
 
 def test_the_dockerfile_entrypoint_and_the_hook_command_are_cli_commands() -> None:
