@@ -3,12 +3,12 @@
 The admission workers parse what anyone who reaches port 9443 sends. This process serves them
 (workers, probes, metrics) and nothing else: no controller, no leader election, no certificate
 signing. What it needs from the API server, and so all its ServiceAccount is granted:
-- Lumigo objects: get, list, watch (the cache every admission answers from);
+- Lumigo objects: list, watch (the cache every admission answers from);
 - the serving Secret, by name: get, list, watch (the serving pair and the CA certificates; the
   CA key stays in the manager's Secret);
 - the webhook configurations, by name: get, list, watch (ready only once they trust what is
   served; never swap to a certificate they do not trust yet);
-- the injection-mode ConfigMap, by name: get, list, watch (`--injection-mode=auto`: the manager
+- the injection-mode ConfigMap, by name: list, watch (`--injection-mode=auto`: the manager
   decides, from Nodes and a Pod dry-run, powers this identity must not hold);
 - Events: create, patch (instrumentation events; repeats patch the count);
 - the six workload kinds: get (an event about an object being created waits until it exists,
