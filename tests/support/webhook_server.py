@@ -366,11 +366,11 @@ def _serve_on(listener: socket.socket, pem: tuple[bytes, bytes], options: Server
     server.stop()
 
 
-def max_size_review() -> bytes:
+def max_size_review(namespace: str = "default") -> bytes:
     """An AdmissionReview of exactly the size the server accepts, its bulk in the first
     container's env: the inject handler copies and rewrites env, the costliest shape found
     (~220 MiB resident to handle one)."""
-    obj = reviews.deployment()
+    obj = reviews.deployment(namespace=namespace)
     obj["spec"]["template"]["spec"]["containers"][0]["env"] = "@ENV@"
     skeleton = reviews.body_of(reviews.review(obj, uid="max-size"))
     item = b'{"name": "E%07d", "value": "v"}, '
@@ -391,12 +391,12 @@ class Flood:
     normal_seconds: float
 
 
-def max_size_flood(proc: ServerProcess | ServerGroup, count: int,
-                   path: str = "/v1alpha1/inject") -> Flood:  # fmt: skip
+def max_size_flood(proc: ServerProcess | ServerGroup, count: int, path: str = "/v1alpha1/inject",
+                   namespace: str = "default") -> Flood:  # fmt: skip
     """`count` concurrent maximum-size admissions, and a normal one sent while they are being
     parsed (the server's memory has grown by 100 MiB)."""
-    big = max_size_review()
-    normal = reviews.body_of(reviews.review(reviews.deployment(), uid="normal"))
+    big = max_size_review(namespace)
+    normal = reviews.body_of(reviews.review(reviews.deployment(namespace=namespace), uid="normal"))
     outcomes: list[str] = []
     baseline = proc.rss_bytes()
 

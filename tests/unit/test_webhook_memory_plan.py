@@ -58,6 +58,17 @@ def test_auto_starts_no_more_workers_than_the_memory_limit_holds(
     assert admission_workers.default_worker_count() == expected
 
 
+def test_the_limit_can_be_given_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake_cgroup(monkeypatch, tmp_path, 4, "max")
+    monkeypatch.setenv(memory.LIMIT_ENV, str(768 * MiB))  # the downward API's limits.memory
+    assert memory.container_memory_limit() == 768 * MiB
+    monkeypatch.setenv(memory.LIMIT_ENV, "512Mi")
+    with pytest.raises(ValueError, match="LUMIGO_MEMORY_LIMIT must be a number of bytes"):
+        memory.container_memory_limit()
+
+
 @pytest.mark.parametrize("limit_mib", [256, 384, 512, 768, 1024, 2048, 4096])
 def test_every_worker_count_auto_can_choose_fits_its_limit(limit_mib: int) -> None:
     for wanted in range(1, 65):

@@ -38,10 +38,17 @@ HEADROOM = 0.9  # of the limit: the rest for the kernel's view of fragmentation 
 QUANTUM = 256 * 1024  # room a large body takes ahead of its bytes (webhook.admission.asgi)
 
 _LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+LIMIT_ENV = "LUMIGO_MEMORY_LIMIT"  # bytes, e.g. from the downward API's limits.memory
 
 
 def container_memory_limit() -> int | None:
-    """The container's memory limit in bytes (cgroup v2, else v1); None when unlimited."""
+    """The container's memory limit in bytes: $LUMIGO_MEMORY_LIMIT when set (where the cgroup
+    files do not show the container's own), else cgroup v2, else v1; None when unlimited."""
+    if text := os.environ.get(LIMIT_ENV, "").strip():
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{LIMIT_ENV} must be a number of bytes, not {text!r}") from None
     for name in _LIMIT_FILES:
         with contextlib.suppress(OSError, ValueError):
             text = Path(name).read_text().strip()
