@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime as dt
 import json
 import os
 import signal
 import ssl
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS
+from controller.runtime.resources import DEPLOYMENTS, EVENTS, MUTATING_WEBHOOK_CONFIGURATIONS
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
 from tests.support import reviews
@@ -266,3 +270,55 @@ def test_after_sigterm_the_webhook_serves_on_while_not_ready_for_the_shutdown_de
         assert "admission workers stopped" in op.log_tail(200)
     finally:
         op.teardown()
+
+
+def dropped_not_found(op: OperatorProcess) -> float:
+    """lumigo_events_dropped_total{why="not-found"} on the manager's /metrics."""
+    for line in op.probe("/metrics")[1].splitlines():
+        if line.startswith('lumigo_events_dropped_total{why="not-found"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_forged_reviews_post_no_event_while_real_admissions_do(
+    cluster: LocalCluster, kube: KubeClient, operator: OperatorProcess
+) -> None:
+    """Issue 28 item 2: anyone reaching the webhook port can post a review naming any object,
+    uid and namespace; the workers forward its events to the manager, which posts them only
+    about an object the API has as the review names it."""
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    wait_until(lambda: is_active(kube, ns), 60, "Active")
+    real = reviews.deployment("real", ns)
+    created = kube.create(DEPLOYMENTS, real, ns)  # through the API server and the webhook
+
+    def webhook_events() -> list[dict[str, Any]]:
+        items, _ = kube.list(EVENTS, ns)
+        return [e for e in items if e.get("source", {}).get("component", "").endswith("webhook")]
+
+    wait_until(webhook_events, 30, "the real admission's event")
+    (event,) = webhook_events()
+    assert event["involvedObject"]["uid"] == created["metadata"]["uid"]
+    # A CREATE's object has no uid: one that existed before the review is not its object.
+    stamp = dt.datetime.fromisoformat(created["metadata"]["creationTimestamp"]).timestamp()
+    wait_until(lambda: time.time() > stamp + 7, 15, "the Deployment to be older than the slack")
+    before = dropped_not_found(operator)
+    context = webhook_context(kube, operator)
+    forged = [
+        ("UPDATE", {**real, "metadata": {**real["metadata"], "uid": str(uuid.uuid4())}}),
+        ("UPDATE", {**real, "metadata": {**real["metadata"], "name": "ghost", "uid": "u-1"}}),
+        ("CREATE", real),
+    ]
+    for i, (operation, obj) in enumerate(forged):
+        client = reviews.Client(operator.webhook_port, context, timeout=10)
+        try:
+            body = reviews.body_of(reviews.review(obj, uid=f"forged-{i}", operation=operation))
+            assert client.post(INJECT, body)[0] == 200
+        finally:
+            client.close()
+    # Each waits for its object (5 s), then is dropped; without the fix each is posted at once.
+    wait_until(lambda: dropped_not_found(operator) >= before + len(forged), 60, "the drops")
+    (event,) = webhook_events()
+    assert event["involvedObject"]["uid"] == created["metadata"]["uid"]
+    assert event["count"] == 1
