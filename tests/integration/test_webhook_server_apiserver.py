@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
-from controller.runtime.events import EventRecorder
+from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, ApiError, Resource
+from controller.runtime.resources import DEPLOYMENTS, EVENTS, ApiError, Resource
 from localcluster import wait_until
 from localoperator import wait_until_webhooks_admit
 from tests.support import standin_handler, workloads
@@ -234,7 +234,9 @@ def operator(kube: KubeClient, namespace: str, crd: Any) -> Iterator[Operator]:
     recorder = EventRecorder(kube)
     recorder.start()
     lister = InformerLister(lumigoes)
-    routes = admission_routes(InjectHandler(lister, recorder, SETTINGS), MutateHandler(lister))
+    # Events verified before posting, as the operator wires them (they name request objects).
+    handler = InjectHandler(lister, AdmissionEvents(recorder), SETTINGS)
+    routes = admission_routes(handler, MutateHandler(lister))
     tls = ServingTLS()
     server = AdmissionServer(routes, tls, ServerOptions(host="127.0.0.1", port=0))
     server.start()
@@ -295,7 +297,17 @@ def test_workloads_in_a_namespace_with_an_active_lumigo_are_stored_injected(
 ) -> None:
     activate_lumigo(kube, operator)
     create(kube, resource, operator.namespace, "traced")
-    assert_injected(kube.get(resource, "traced", operator.namespace))
+    stored = kube.get(resource, "traced", operator.namespace)
+    assert_injected(stored)
+
+    def added() -> list[dict[str, Any]]:
+        """The admission's event: verified (the object exists), with the stored uid."""
+        selector = "involvedObject.name=traced"
+        items, _ = kube.list(EVENTS, operator.namespace, field_selector=selector)
+        return [e for e in items if e.get("reason") == "LumigoAddedInstrumentation"]
+
+    wait_until(added, 30, "the admission's event")
+    assert [e["involvedObject"]["uid"] for e in added()] == [stored["metadata"]["uid"]]
 
 
 def test_opted_out_workloads_are_stored_unchanged(kube: KubeClient, operator: Operator) -> None:
