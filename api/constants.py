@@ -55,6 +55,8 @@ SECRET_KEY_PATTERN: Final = r"^(\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*)?$"
 CONDITION_ACTIVE: Final = "Active"
 CONDITION_ERROR: Final = "Error"
 CONDITION_PROGRESSING: Final = "Progressing"  # beyond the reference: the rollout budget
+# Beyond the reference: left out of the telemetry proxy's configuration (too large for a Secret).
+CONDITION_TELEMETRY_LEFT_OUT: Final = "TelemetryLeftOut"
 
 # --- Safe rollouts (beyond the reference) -------------------------------------------------
 DEFAULT_MAX_CONCURRENT_ROLLOUTS: Final = 5

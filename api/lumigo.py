@@ -284,9 +284,10 @@ class ConditionSchema(_Base):
                 constants.CONDITION_ACTIVE,
                 constants.CONDITION_ERROR,
                 constants.CONDITION_PROGRESSING,
+                constants.CONDITION_TELEMETRY_LEFT_OUT,
             ]
         ),
-        metadata={"description": "Active, Error or Progressing."},
+        metadata={"description": "Active, Error, Progressing or TelemetryLeftOut."},
     )
     status = StrictString(
         required=True,

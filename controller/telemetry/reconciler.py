@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from api.constants import CONDITION_TELEMETRY_LEFT_OUT
 from api.effective import effective, in_effect, is_active
 from api.lumigo import InvalidSpecError, load_spec
 from controller.lumigo.resources import LUMIGOES
@@ -67,7 +68,7 @@ LEFT_OUT = Gauge(
     "lumigo_telemetry_proxy_left_out_namespaces",
     "Namespaces left out of the telemetry proxy configuration: it would not fit in a Secret.",
 )
-CONDITION_LEFT_OUT = "TelemetryLeftOut"
+CONDITION_LEFT_OUT = CONDITION_TELEMETRY_LEFT_OUT
 REASON_TOO_LARGE = "ProxyConfigurationTooLarge"
 REASON_IN = "InProxyConfiguration"
 LEFT_OUT_MESSAGE = (
