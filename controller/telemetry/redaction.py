@@ -7,12 +7,12 @@ Off by default, as the reference sends whole objects (the backend reads them). W
 - env values: `value` of every literal `env` entry (`{name, value}`; `valueFrom` references stay,
   they hold no value) in the containers, initContainers and ephemeralContainers of a Pod, of the
   pod template of a Deployment, DaemonSet, ReplicaSet, StatefulSet or Job, and of a CronJob's
-  job template; and the same `{name, value}` pairs inside the object's
-  `kubectl.kubernetes.io/last-applied-configuration` annotation (a JSON copy of what was applied,
-  env included).
+  job template.
 - annotations: the value of every annotation whose key matches one of the patterns (RE2, each
   matched against the whole key), on every collected object (Events and the namespace heartbeat's
   Lumigo resources too) and on pod templates (and a CronJob's job template); the key stays.
+- either way, the whole value of `kubectl.kubernetes.io/last-applied-configuration`: kubectl's
+  JSON copy of the applied object holds the same env values and annotations.
 
 OTTL has no loop: an env list is rewritten container by container, the first UNROLLED of each
 list through its JSON (env entries hold only strings and booleans, so the round trip is exact);
@@ -53,8 +53,8 @@ ANNOTATIONS = (
     f'{OBJECT}["spec"]["jobTemplate"]["metadata"]["annotations"]',
     f'{OBJECT}["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"]',
 )
-# A JSON string, and a literal {name, value} pair as Go's encoding/json writes one (sorted keys):
-# an env entry (`valueFrom` is another key), or the same in a last-applied-configuration.
+# A JSON string, and a literal {name, value} env entry as Go's encoding/json writes one (sorted
+# keys; `valueFrom` is another key).
 JSON_STRING = r'"(?:[^"\\]|\\.)*"'
 NAME_VALUE = rf'\{{"name":({JSON_STRING}),"value":{JSON_STRING}\}}'
 NAME_VALUE_REDACTED = f'{{"name":${{1}},"value":"{REDACTED}"}}'
@@ -121,8 +121,10 @@ def parse_patterns(text: str) -> tuple[str, ...]:
 
 
 def processor(redaction: Redaction) -> JSON:
-    """The `transform` processor that redacts, first in every events pipeline."""
-    return {"error_mode": "ignore", "log_statements": statements(redaction)}
+    """The `transform` processor that redacts, first in every events pipeline. It fails closed:
+    a statement that errors drops the record (each watched object is a request of its own)
+    rather than letting it leave unredacted."""
+    return {"error_mode": "propagate", "log_statements": statements(redaction)}
 
 
 def statements(redaction: Redaction) -> list[str]:
@@ -131,6 +133,10 @@ def statements(redaction: Redaction) -> list[str]:
         out += env_statements()
     if redaction.annotations:
         out += annotation_statements(redaction.annotations)
+    if redaction.enabled:
+        for annotations in ANNOTATIONS[:2]:  # an object's own (watched, pulled)
+            applied = f"{annotations}[{ottl_string(LAST_APPLIED)}]"
+            out.append(f"set({applied}, {ottl_string(REDACTED)}) where {applied} != nil")
     return out
 
 
@@ -159,11 +165,6 @@ def env_statements() -> list[str]:
         f"set({path}, {spec}) where ({kind}) and {path} != nil and {spec} != nil"
         for kind, path in POD_SPECS
     ]
-    annotation = f'{OBJECT}["metadata"]["annotations"][{ottl_string(LAST_APPLIED)}]'
-    out.append(
-        f"replace_pattern({annotation}, {ottl_string(NAME_VALUE)}, "
-        f"{ottl_string(NAME_VALUE_REDACTED)}) where {annotation} != nil"
-    )
     return out
 
 

@@ -9,6 +9,7 @@ namespace, and collection stops.
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import (
+    CRONJOBS,
     DEPLOYMENTS,
     EVENTS,
     NAMESPACES,
@@ -29,6 +31,7 @@ from controller.runtime.resources import (
 )
 from controller.telemetry.config import HEARTBEAT_SCOPE, MonitoredNamespace, render
 from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.redaction import LAST_APPLIED, REDACTED, Redaction
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import LogSeen, OTLPSink, local_settings, running_collector, running_sink
@@ -427,3 +430,174 @@ def test_events_carry_the_root_owner_of_their_object(
     # Other objects keep their body as it was.
     assert all("rootOwnerReference" not in the_object(r) for r in sink.logs()
                if the_object(r).get("kind") != "Event")  # fmt: skip
+
+
+SECRET = "s3cr3t-never-upstream"  # every literal env value and sensitive annotation below
+SENSITIVE = "secrets.example.com/db-password"
+REDACTING = Redaction(env_values=True, annotations=(r"secrets\.example\.com/.*",))
+
+
+def container(name: str, *, port: int | None = None) -> JSON:
+    return {
+        "name": name,
+        "image": "python:3.12",
+        "env": [
+            {"name": "DB_PASSWORD", "value": SECRET},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "db", "key": "token"}}},
+        ],
+        **({"ports": [{"containerPort": port}]} if port else {}),
+    }
+
+
+def pod_template(app: str) -> JSON:
+    return {
+        "metadata": {
+            "labels": {"app": app},
+            "annotations": {SENSITIVE: SECRET, "team": "payments"},
+        },
+        "spec": {"containers": [container("app", port=8080)], "restartPolicy": "OnFailure"},
+    }
+
+
+def sensitive_objects(cluster: LocalCluster, kube: KubeClient, namespace: str) -> None:
+    """What teams really write: literal env values and a credential in an annotation, on a Pod
+    (containers, initContainers, and an ephemeral container added later), a Pod with more
+    containers than the per-container statements cover, a Deployment applied with kubectl (so
+    it has a last-applied-configuration, env and all) and a CronJob."""
+    metadata = {"name": "db-client", "annotations": {SENSITIVE: SECRET, "team": "payments"}}
+    kube.create(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": metadata,
+            "spec": {
+                "initContainers": [container("migrate")],
+                "containers": [container("app", port=8080), container("sidecar")],
+            },
+        },
+        namespace,
+    )
+    pod = kube.get(PODS, "db-client", namespace)
+    debug = {**container("debugger"), "targetContainerName": "app"}
+    pod["spec"]["ephemeralContainers"] = [debug]
+    kube.replace(PODS, pod, namespace, subresource="ephemeralcontainers")
+    many = [container(f"c{i}", port=9000 + i) for i in range(10)]
+    kube.create(
+        PODS,
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "many"},
+         "spec": {"containers": many}},
+        namespace,
+    )  # fmt: skip
+    deploy = one_container_deployment("web", "python:3.12")
+    deploy["metadata"]["annotations"] = {SENSITIVE: SECRET}
+    deploy["spec"]["template"] = pod_template("web")
+    deploy["spec"]["template"]["spec"]["restartPolicy"] = "Always"
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(deploy))
+    kube.create(
+        CRONJOBS,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "CronJob",
+            "metadata": {"name": "nightly"},
+            "spec": {
+                "schedule": "0 3 * * *",
+                "jobTemplate": {
+                    "metadata": {"annotations": {SENSITIVE: SECRET}},
+                    "spec": {"template": pod_template("nightly")},
+                },
+            },
+        },
+        namespace,
+    )
+
+
+def env_lists(spec: JSON) -> list[list[JSON]]:
+    return [
+        c.get("env", [])
+        for name in ("containers", "initContainers", "ephemeralContainers")
+        for c in spec.get(name) or []
+    ]
+
+
+@pytest.mark.parametrize("redacting", [True, False], ids=["redacting", "as-the-reference"])
+def test_literal_env_values_and_chosen_annotations_leave_redacted_when_asked(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+    redacting: bool,
+) -> None:
+    """Issue 28 item 10, with the real collector: with redaction on, every literal env value
+    (containers, init and ephemeral containers, pod templates, a CronJob's job template) and
+    every annotation matching a pattern reaches the upstream as [REDACTED], and so does kubectl's
+    last-applied-configuration whole; names, valueFrom references, other annotations and numbers
+    are as they were.
+    Off (the default, as the reference), the objects arrive whole."""
+    monitored = namespaces["monitored"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    redaction = REDACTING if redacting else Redaction()
+    settings = local_settings(sink.url, namespace, redaction=redaction)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        sensitive_objects(cluster, kube, monitored)
+
+        def arrived() -> bool:
+            pods = seen(sink, "Pod", "db-client")
+            return bool(
+                any(the_object(p)["spec"].get("ephemeralContainers") for p in pods)
+                and seen(sink, "Pod", "many")
+                and seen(sink, "Deployment", "web")
+                and seen(sink, "CronJob", "nightly")
+            )
+
+        wait_until(arrived, 90, "the Pods (one with its ephemeral container), the Deployment "
+                   "and the CronJob at the sink")  # fmt: skip
+
+    expected = REDACTED if redacting else SECRET
+    pods = [the_object(p) for p in seen(sink, "Pod", "db-client")]
+    pod = next(p for p in pods if p["spec"].get("ephemeralContainers"))
+    many = the_object(seen(sink, "Pod", "many")[-1])
+    deploy = the_object(seen(sink, "Deployment", "web")[-1])
+    cronjob = the_object(seen(sink, "CronJob", "nightly")[-1])
+    specs = {
+        "pod": pod["spec"],
+        "many": many["spec"],
+        "deployment": deploy["spec"]["template"]["spec"],
+        "cronjob": cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+    }
+    for where, spec in specs.items():
+        envs = env_lists(spec)
+        assert len(envs) == {"pod": 4, "many": 10}.get(where, 1), where
+        for env in envs:
+            assert env[0] == {"name": "DB_PASSWORD", "value": expected}, where
+            assert env[1] == {"name": "TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": "db", "key": "token"}}}, where  # fmt: skip
+    # Numbers stay integers through the per-container rewrite. A list of more than 8 containers
+    # goes through its JSON whole: its numbers come back as doubles (the documented price).
+    port = specs["pod"]["containers"][0]["ports"][0]["containerPort"]
+    assert port == 8080
+    assert isinstance(port, int)
+    assert [c["ports"][0]["containerPort"] for c in specs["many"]["containers"]] == [
+        9000 + i for i in range(10)
+    ]
+    for found in (
+        pod["metadata"]["annotations"],
+        deploy["metadata"]["annotations"],
+        deploy["spec"]["template"]["metadata"]["annotations"],
+        cronjob["spec"]["jobTemplate"]["metadata"]["annotations"],
+        cronjob["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"],
+    ):
+        assert found[SENSITIVE] == expected
+    assert pod["metadata"]["annotations"]["team"] == "payments"
+    applied = deploy["metadata"]["annotations"][LAST_APPLIED]
+    if redacting:  # kubectl's copy of the applied object: its env values and annotations too
+        assert applied == REDACTED
+    else:
+        applied_spec = json.loads(applied)["spec"]["template"]["spec"]
+        assert env_lists(applied_spec)[0][0]["value"] == SECRET
+    leaked = [r for r in sink.logs() if SECRET in json.dumps(r.body)]
+    assert bool(leaked) is not redacting, [the_object(r)["metadata"]["name"] for r in leaked]

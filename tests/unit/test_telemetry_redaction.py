@@ -53,7 +53,7 @@ def test_redaction_runs_first_in_every_events_pipeline(redaction: Redaction) -> 
     for pipeline in pipelines.values():
         assert pipeline["processors"][0] == "transform/redact"
     processor = config["processors"]["transform/redact"]
-    assert processor["error_mode"] == "ignore"
+    assert processor["error_mode"] == "propagate"  # fails closed: never unredacted
     assert processor["log_statements"]
     # the tracers' pipelines (spans and logs a pod sends itself) are not object collection
     for name, pipeline in config["service"]["pipelines"].items():
@@ -78,7 +78,6 @@ def test_env_statements_reach_every_pod_spec_and_container_list() -> None:
         assert f'log.body["object"]["kind"] == "{kind}"' in statements
     for name in ("containers", "initContainers", "ephemeralContainers"):
         assert f'String(log.cache["spec"]["{name}"][0]["env"])' in statements
-    assert "kubectl.kubernetes.io/last-applied-configuration" in statements
 
 
 def test_the_replacement_group_is_written_for_the_collector() -> None:
@@ -128,33 +127,19 @@ def test_the_env_expression_replaces_literal_values_only() -> None:
     ]
 
 
-def test_the_env_expression_in_a_last_applied_configuration() -> None:
-    applied = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "annotations": {"a": "b"}},
-        "spec": {
-            "replicas": 2,
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "app",
-                            "env": [{"name": "DB_PASSWORD", "value": "s3cr3t"}],
-                            "ports": [{"containerPort": 8080}],
-                        }
-                    ],
-                    "tolerations": [{"key": "k", "operator": "Equal", "value": "kept"}],
-                }
-            },
-        },
-    }
-    redacted = json.loads(redact(go_json(applied) + "\n"))
-    container = redacted["spec"]["template"]["spec"]["containers"][0]
-    assert container["env"] == [{"name": "DB_PASSWORD", "value": REDACTED}]
-    assert container["ports"] == [{"containerPort": 8080}]
-    assert redacted["spec"]["template"]["spec"]["tolerations"][0]["value"] == "kept"
-    assert redacted["spec"]["replicas"] == 2
+@pytest.mark.parametrize(
+    "redaction",
+    [Redaction(env_values=True), Redaction(annotations=("x",))],
+    ids=["env", "annotations"],
+)
+def test_the_last_applied_configuration_is_redacted_whole(redaction: Redaction) -> None:
+    """kubectl's JSON copy of the applied object holds the same env values and annotations."""
+    statements = build(NAMESPACES, ProxySettings(redaction=redaction))["processors"][
+        "transform/redact"
+    ]["log_statements"]
+    applied = '["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]'
+    for obj in ('log.body["object"]["metadata"]', 'log.body["metadata"]'):
+        assert f'set({obj}{applied}, "{REDACTED}") where {obj}{applied} != nil' in statements
 
 
 @pytest.mark.parametrize(
