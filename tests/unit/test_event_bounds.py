@@ -98,7 +98,7 @@ def test_the_events_waiting_for_their_object_are_bounded_the_oldest_dropped() ->
     assert rec.dropped == 15
 
 
-def test_a_forwarded_event_with_a_forged_name_is_never_looked_up() -> None:
+def test_an_admission_event_with_an_invalid_name_is_never_looked_up() -> None:
     rec = EventRecorder(dead_client(), lookup=lambda kind, ns, name: None)
     before = dropped("invalid-object")
     for name, namespace in (("../../kube-system/secrets/x", "ns"), ("web", "a/b"), ("", "ns")):
