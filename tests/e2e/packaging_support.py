@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -279,16 +280,24 @@ def _expand(value: str, env: dict[str, str]) -> str:
     return value
 
 
+WEBHOOK_CONTAINER = "webhook"
+
+
 class InstalledOperator(OperatorProcess):
     """The manager of a kubectl or Helm install, run as a local process: the container's own
-    args and env read from the installed Deployment (as the kubelet would pass them), the
-    install's ServiceAccount token, only the listening addresses moved to 127.0.0.1.
+    command, args and env read from the installed Deployment (as the kubelet would pass them),
+    the install's ServiceAccount token, only the listening addresses moved to 127.0.0.1.
+
+    With a webhook Deployment (`<name>-webhook`, where the manager is
+    `<name>-controller-manager`), `self.webhook` runs it the same way, as its own
+    ServiceAccount: `start`, `stop` and `wait_ready` handle both processes.
 
     kwok runs no containers, so the API server cannot reach a webhook Service; `setup()` points
-    the install's two webhook configurations at this process with `url:` client configurations
-    (the operator writes their caBundle itself). `teardown()` deletes them again, strips the
-    finalizer of any Lumigo left in the namespaces made by `new_namespace()` (nothing would
-    process it once the operator is gone), stops the process and deletes those namespaces.
+    the install's two webhook configurations at the serving process with `url:` client
+    configurations (the manager writes their caBundle itself). `teardown()` deletes them again,
+    strips the finalizer of any Lumigo left in the namespaces made by `new_namespace()`
+    (nothing would process it once the operator is gone), stops the processes and deletes those
+    namespaces.
     """
 
     def __init__(
@@ -299,14 +308,34 @@ class InstalledOperator(OperatorProcess):
         namespace: str,
         deployment: str,
         kubeconfig: Path,
+        container: str = "manager",
     ) -> None:
         super().__init__(cluster, kube, namespace=namespace)
         pod = get_json(cluster, "deployment", deployment, "-n", namespace)["spec"]["template"]
-        (self.container,) = [c for c in pod["spec"]["containers"] if c["name"] == "manager"]
+        (self.container,) = [c for c in pod["spec"]["containers"] if c["name"] == container]
+        self.service_account = pod["spec"]["serviceAccountName"]
         self.kubeconfig = kubeconfig
         flags = dict(a.split("=", 1) for a in self.container["args"] if "=" in a)
         self.webhook_configurations = flags["--webhook-configurations"].split(",")
         self.app_namespaces: list[str] = []
+        self.webhook: InstalledOperator | None = None
+        webhook = deployment.removesuffix("-controller-manager") + "-webhook"
+        if container != WEBHOOK_CONTAINER and exists(cluster, "deployment", webhook, "-n",
+                                                     namespace):  # fmt: skip
+            sa = get_json(cluster, "deployment", webhook, "-n", namespace)["spec"]["template"][
+                "spec"]["serviceAccountName"]  # fmt: skip
+            webhook_kubeconfig = service_account_kubeconfig(
+                cluster, namespace, sa, kubeconfig.with_name(f"{sa}.kubeconfig")
+            )
+            self.webhook = InstalledOperator(
+                cluster, kube, namespace=namespace, deployment=webhook,
+                kubeconfig=webhook_kubeconfig, container=WEBHOOK_CONTAINER,
+            )  # fmt: skip
+
+    @property
+    def serving(self) -> InstalledOperator:
+        """The process that serves admissions."""
+        return self.webhook or self
 
     def pod_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -321,9 +350,13 @@ class InstalledOperator(OperatorProcess):
 
     def args(self) -> list[str]:
         env = [f"{k}={v}" for k, v in self.pod_env().items()]
+        # The image's entrypoint is `lumigo-operator run`; the webhook's command says `webhook`.
+        command = self.container.get("command") or ["lumigo-operator", "run"]
+        assert command[0] == "lumigo-operator", command
         return [
             "/usr/bin/env", *env,  # exec'd in place: the process group is the operator's
-            str(ROOT / ".venv" / "bin" / "lumigo-operator"), "run", *self.container["args"],
+            str(ROOT / ".venv" / "bin" / "lumigo-operator"), *command[1:],
+            *self.container["args"],
             # argparse keeps the last value: only where it listens and how it reaches the API.
             f"--kubeconfig={self.kubeconfig}",
             "--webhook-host=127.0.0.1",
@@ -333,7 +366,50 @@ class InstalledOperator(OperatorProcess):
             "--webhook-cert-extra-sans=127.0.0.1",
         ]  # fmt: skip
 
+    def start(self) -> InstalledOperator:
+        super().start()
+        if self.webhook is not None:
+            self.webhook.start()
+        return self
+
+    def wait_ready(self, timeout: float = 60) -> InstalledOperator:
+        if self.webhook is None:
+            super().wait_ready(timeout)
+            return self
+        # The manager first: it writes the serving certificate the webhook waits for.
+        self._wait_process_ready(timeout)
+        self.webhook._wait_process_ready(timeout)
+        self.wait_admitting(timeout)
+        return self
+
+    def _wait_process_ready(self, timeout: float) -> None:
+        name = self.container["name"]
+
+        def ready() -> bool:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited:\n{OperatorProcess.log_tail(self)}")
+            return self.probe("/readyz")[0] == 200
+
+        try:
+            wait_until(ready, timeout, f"the {name} to be ready")
+        except TimeoutError:
+            raise TimeoutError(
+                f"{name}: {self.probe('/readyz?verbose')}\n{OperatorProcess.log_tail(self)}"
+            ) from None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40) -> int | None:
+        if self.webhook is not None:
+            self.webhook.stop(sig, timeout)
+        return super().stop(sig, timeout)
+
+    def log_tail(self, lines: int = 60) -> str:
+        tail = super().log_tail(lines)
+        if self.webhook is not None:
+            tail += "\n--- webhook ---\n" + self.webhook.log_tail(lines)
+        return tail
+
     def setup(self) -> InstalledOperator:
+        port = self.serving.webhook_port
         for name in self.webhook_configurations:
             config = get_json(self.cluster, "mutatingwebhookconfiguration", name)
             patch = []
@@ -342,7 +418,7 @@ class InstalledOperator(OperatorProcess):
                 patch += [
                     {"op": "remove", "path": f"/webhooks/{i}/clientConfig/service"},
                     {"op": "add", "path": f"/webhooks/{i}/clientConfig/url",
-                     "value": f"https://127.0.0.1:{self.webhook_port}{path}"},
+                     "value": f"https://127.0.0.1:{port}{path}"},
                 ]  # fmt: skip
             self.cluster.kubectl(
                 "patch", "mutatingwebhookconfiguration", name, "--type=json", "-p",
@@ -366,7 +442,8 @@ class InstalledOperator(OperatorProcess):
         self.release_namespaces(self.app_namespaces)
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text + (self.webhook.log_text() if self.webhook is not None else "")
 
 
 @contextlib.contextmanager

@@ -8,6 +8,9 @@ telemetry-proxy configuration for two namespaces, the cluster agent applied then
 (cluster logs on, then off), instrumenting existing workloads of all six
 kinds, a new workload through the webhook, deleting a Lumigo, and then `lumigo-operator
 uninstall` as the Helm pre-delete hook's own ServiceAccount with a Lumigo left to finalize.
+Admissions are served by the install's webhook Deployment, run as its own ServiceAccount (issue
+28 item 7: the process that parses untrusted reviews holds no power of the manager's): it is
+audited, and checked, the same way.
 
 What the API server recorded (verb, API group, resource/subresource, name, namespace) is the
 truth. Helm, kustomize and the OLM bundle must grant each identity nothing beyond it (except the
@@ -30,7 +33,13 @@ import pytest
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, JOBS, NODES, SECRETS
+from controller.runtime.resources import (
+    DAEMONSETS,
+    DEPLOYMENTS,
+    JOBS,
+    NODES,
+    SECRETS,
+)
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,
@@ -50,14 +59,17 @@ RELEASE = "lumigo"  # Helm's names for this release are config/'s names
 FULLNAME = f"{RELEASE}-lumigo-operator"
 DEPLOYMENT = f"{FULLNAME}-controller-manager"
 HOOK_SA = f"{FULLNAME}-uninstall-hook"
+WEBHOOK_SA = f"{FULLNAME}-webhook"
 CERT_SECRET = f"{FULLNAME}-lumigo-injector-webhook-certs"
+SERVING_SECRET = f"{CERT_SECRET}-serving"
+INJECTION_MODE_CONFIGMAP = f"{FULLNAME}-injection-mode"
 PROXY_SECRET = f"{FULLNAME}-telemetry-proxy-config"
 AGENT = f"{FULLNAME}-cluster-agent"
 PROVIDER_NODE = "rbac-audit-cloud-node"
 BUNDLE_MANIFESTS = ROOT / "bundle" / "manifests"
 JSON = dict[str, Any]
 
-MANAGER, HOOK = "manager", "uninstall hook"
+MANAGER, HOOK, WEBHOOK = "manager", "uninstall hook", "webhook"
 # (identity, verb, group, resource): why it is granted although the scenario never uses it.
 ALLOWED_UNUSED: dict[tuple[str, str, str, str], str] = {
     (MANAGER, "get", "operator.lumigo.io", "lumigoes"): (
@@ -67,6 +79,15 @@ ALLOWED_UNUSED: dict[tuple[str, str, str, str], str] = {
     (MANAGER, "create", "apps", "daemonsets"): (
         "the server-side apply that creates the cluster agent's DaemonSet: the API server "
         "authorizes it as a `create` of that name but audits it as the `patch` it is"
+    ),
+    (MANAGER, "patch", "", "events"): (
+        "a repeated event of the controller's own (its count patched): the scenario's repeated "
+        "event is an admission's, posted by the webhook's identity since issue 28 item 7; the "
+        "controller repeats one only across resyncs of a workload it keeps failing on"
+    ),
+    (MANAGER, "update", "", "configmaps"): (
+        "the published injection mode changes (--injection-mode-configmap) only when a Node "
+        "with another runtime joins or leaves; the scenario's Nodes never change"
     ),
 }
 # Granted by the OLM bundle only (verb, group, resource, namespace): under OLM the operator restarts
@@ -182,6 +203,7 @@ def csv_grants(sa: str) -> list[Grant]:
 class Usage:
     manager: list[Access]
     hook: list[Access]
+    webhook: list[Access]
 
 
 def accesses(events: list[JSON], user: str) -> list[Access]:
@@ -286,6 +308,26 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
         # passes below meet it and report it).
         assert instrumented(kube.create(DEPLOYMENTS, workload(DEPLOYMENTS, "new"), first))
         assert instrumented(kube.create(JOBS, workload(JOBS, "new-job"), second))
+        # One of every kind more: the webhook's Added event about each is posted once a GET
+        # finds the object (the webhook's identity may `get` each kind, nothing more).
+        for resource in KINDS:
+            created = kube.create(resource, workload(resource, f"new-{resource.plural}"), second)
+            assert instrumented(created), resource.plural
+        wait_until(lambda: all(
+            events_of(kube, second, f"new-{resource.plural}") for resource in KINDS
+        ), 30, "the webhook's event about every new workload")  # fmt: skip
+        # The CA key stays with the manager: the Secret the webhook serves from has none, and
+        # whatever is added there is removed (the manager rewrites it from its own state).
+        served = kube.get(SECRETS, SERVING_SECRET, NAMESPACE)
+        assert set(served["data"]) == {"tls.crt", "tls.key", "ca-bundle.crt"}
+        assert "ca.key" in kube.get(SECRETS, CERT_SECRET, NAMESPACE)["data"]
+        tampered = {"data": {"ca.key": base64.b64encode(b"planted").decode()}}
+        kube.merge_patch(SECRETS, SERVING_SECRET, tampered, NAMESPACE)
+        wait_until(lambda: kube.get(SECRETS, SERVING_SECRET, NAMESPACE)["data"] == served["data"],
+                   30, "the serving Secret restored by the manager")  # fmt: skip
+        assert operator.webhook is not None
+        status, body = operator.webhook.probe("/metrics")
+        assert status == 200, body
 
         # A workload the webhook cannot instrument (opted in by label, with an invalid Secret
         # name): a Warning event on its creation, the same event again on its next change, which
@@ -343,6 +385,7 @@ def usage(audited_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactor
     return Usage(
         manager=accesses(events, f"system:serviceaccount:{NAMESPACE}:{OPERATOR_SA}"),
         hook=accesses(events, f"system:serviceaccount:{NAMESPACE}:{HOOK_SA}"),
+        webhook=accesses(events, f"system:serviceaccount:{NAMESPACE}:{WEBHOOK_SA}"),
     )
 
 
@@ -373,16 +416,65 @@ def report(extra: list[str], used: list[Access]) -> str:
 def self_cert_only(access: Access) -> bool:
     """The OLM bundle runs --cert-mode=files: OLM owns the certificate and the webhooks."""
     return access.resource == "mutatingwebhookconfigurations" or (
-        access.resource == "secrets" and access.name == CERT_SECRET
+        access.resource == "secrets" and access.name in (CERT_SECRET, SERVING_SECRET)
     )
 
 
 def test_the_scenario_was_never_forbidden(usage: Usage) -> None:
-    """The kustomize RBAC the manager ran with, and Helm's hook RBAC, allowed everything."""
+    """The kustomize RBAC the manager and the webhook ran with, and Helm's hook RBAC, allowed
+    everything."""
     assert usage.manager, "no request of the operator's ServiceAccount was recorded"
     assert usage.hook, "no request of the uninstall hook's ServiceAccount was recorded"
-    forbidden = [str(a) for a in usage.manager + usage.hook if a.code == 403]
+    assert usage.webhook, "no request of the webhook's ServiceAccount was recorded"
+    forbidden = [str(a) for a in usage.manager + usage.hook + usage.webhook if a.code == 403]
     assert forbidden == []
+
+
+def webhook_grants(packaging: str, cluster: LocalCluster) -> list[Grant]:
+    if packaging == "olm":
+        return csv_grants(WEBHOOK_SA)
+    docs = kustomize_docs(cluster) if packaging == "kustomize" else helm_docs()
+    return grants_from_manifests(docs, WEBHOOK_SA)
+
+
+@pytest.mark.parametrize("packaging", ["kustomize", "helm", "olm"])
+def test_the_webhook_is_granted_exactly_what_it_uses(
+    usage: Usage, audited_cluster: LocalCluster, packaging: str
+) -> None:
+    """Issue 28 item 7: admission is served under an identity of its own, granted exactly what
+    `lumigo-operator webhook` used (OLM: without the self-managed certificate's objects)."""
+    grants = webhook_grants(packaging, audited_cluster)
+    assert grants, f"{packaging} has no webhook identity: admission runs as the manager"
+    needed = usage.webhook
+    if packaging == "olm":
+        needed = [a for a in needed if not self_cert_only(a)]
+    denied = sorted({str(a) for a in needed if not any(g.allows(a) for g in grants)})
+    assert denied == [], f"{packaging} denies what the webhook does"
+    extra = unused(grants, needed, WEBHOOK)
+    assert not extra, f"{packaging} grants the webhook more than it used:\n" + report(
+        extra, usage.webhook
+    )
+
+
+@pytest.mark.parametrize("packaging", ["kustomize", "helm", "olm"])
+def test_the_webhook_can_write_nothing_but_events_nor_read_the_ca_key(
+    audited_cluster: LocalCluster, packaging: str
+) -> None:
+    """What an attacker who takes over a webhook process gets: reads of Lumigo objects, of its
+    own serving Secret, its webhook configurations and the injection mode; a `get` of
+    workloads; Events. Never a write to a workload, a Node or a Namespace, never the CA key."""
+    grants = webhook_grants(packaging, audited_cluster)
+    allowed = {
+        ("create", "events"), ("patch", "events"),
+        # Secure /metrics: a scraper's token and access are reviewed (create-only, not stored).
+        ("create", "tokenreviews"), ("create", "subjectaccessreviews"),
+    }  # fmt: skip
+    writes = {(g.verb, g.resource) for g in grants if g.verb not in ("get", "list", "watch")}
+    assert writes <= allowed, sorted(writes - allowed)
+    secrets = {g.name for g in grants if g.resource == "secrets"}
+    assert secrets <= {SERVING_SECRET}, secrets
+    listed = {g.resource for g in grants if g.verb in ("list", "watch") and g.name is None}
+    assert listed == {"lumigoes"}, listed
 
 
 @pytest.mark.parametrize("packaging", ["kustomize", "helm", "olm"])
