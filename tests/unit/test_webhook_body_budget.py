@@ -14,7 +14,8 @@ import contextlib
 import json
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from localcluster import wait_until
 from tests.support import reviews, standin_handler
@@ -24,6 +25,7 @@ from tests.support.webhook_server import (
     exchange,
     message,
     new_pki,
+    post,
     running,
     tls_connections,
     tls_socket,
@@ -146,3 +148,32 @@ def test_a_large_body_that_finds_the_budget_full_is_refused_at_once_with_503() -
         status, _, reply = exchange(first, body[-1:])
         assert status == 200
         assert json.loads(reply)["response"]["uid"] == "big"
+
+
+def test_a_body_is_not_cut_for_the_time_the_server_itself_was_held_up() -> None:
+    """The client sends its whole body while the server's event loop is busy (here a handler
+    that blocks it for 3 s, longer than the 2 s a body may pause): when the loop runs again, the
+    body's deadline has passed, but what arrived meanwhile is read before anything is cut."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold(body: bytes, content_type: str) -> Mapping[str, Any]:
+        held.set()
+        release.wait(3)  # blocks the event loop (small bodies are handled on it)
+        return standin_handler.handle(body, content_type)
+
+    body = reviews.body_of(reviews.review(reviews.deployment(), uid="late"))
+    body += b" " * (256 * 1024 - len(body))
+    tls, context = loaded_tls()
+    with (
+        running({"/hold": hold, **ROUTES}, tls, request_timeout=600.0) as server,
+        tls_socket(server.port, context) as large,
+        tls_socket(server.port, context) as small,
+    ):
+        large.sendall(head(len(body)) + body[:100_000])
+        wait_until(lambda: server.body_bytes_held > 0, 30, "the large body to be read")
+        small.sendall(post("/hold", reviews.body_of(reviews.review(reviews.deployment()))))
+        assert held.wait(30)
+        large.sendall(body[100_000:])  # all of it, while the loop is held up
+        status, _, reply = exchange(large, b"")
+        assert status == 200, message(reply)
+        assert json.loads(reply)["response"]["uid"] == "late"

@@ -49,6 +49,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 INLINE_BYTES = 64 * 1024  # bodies up to this size are never counted, and handled on the loop
+LATE = 0.25  # seconds past a body deadline that mean this loop, not the client, was held up
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -125,6 +126,7 @@ class HandlerApp:
         received = 0
         loop = asyncio.get_running_loop()
         started = last = loop.time()
+        not_before = started
         while True:
             if not held.cover(min(size, received + QUANTUM)):
                 message = (f"too many large request bodies at once ({self._bodies.capacity} "
@@ -133,9 +135,15 @@ class HandlerApp:
                                                close=True))  # fmt: skip
             deadline = min(last, started + received / limits.min_body_rate) + limits.body_grace
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(max(deadline, not_before)):
                     event = await receive()
             except TimeoutError:
+                now = loop.time()
+                if now - max(deadline, not_before) > LATE:
+                    # This loop was held up (a large parse holding the GIL; a starved CPU):
+                    # what the client sent meanwhile is not read yet. Look again first.
+                    not_before = now + LATE
+                    continue
                 message = (f"the request body arrives too slowly ({received} of {size} bytes; "
                            f"at least {limits.min_body_rate:.0f} bytes/s, with pauses of at "
                            f"most {limits.body_grace:g} s)")  # fmt: skip
