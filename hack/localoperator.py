@@ -69,6 +69,33 @@ INJECTOR_MATCH_CONDITIONS = [
     },
 ]
 
+# The opted-in entry (namespaces without an active Lumigo), as in config/webhook: workloads that
+# carry the lumigo.auto-trace label with any value, before or after the change (injection rewrites
+# `true` to `lumigo-operator.v<version>`, and the user's later `false` must still reach the
+# handler, which decides what each value means), except those that are not and were not opted in
+# (unlabelled or `false` on both sides: the handler leaves them alone where no Lumigo is active).
+OPTED_IN_OBJECT_SELECTOR: JSON = {
+    "matchExpressions": [{"key": "lumigo.auto-trace", "operator": "Exists"}]
+}
+
+
+def _not_opted_in(obj: str) -> str:
+    label = f"{obj}.metadata.labels"
+    return (
+        f"(!has({label}) || !('lumigo.auto-trace' in {label})"
+        f" || {label}['lumigo.auto-trace'].lowerAscii() == 'false')"
+    )
+
+
+OPTED_IN_MATCH_CONDITIONS = [
+    *INJECTOR_MATCH_CONDITIONS,
+    {
+        "name": "not-opted-out-before-and-after",
+        "expression": f"!({_not_opted_in('object')}"
+        f" && (oldObject == null || {_not_opted_in('oldObject')}))",
+    },
+]
+
 
 def wait_until_webhooks_admit(kube: KubeClient, namespace: str, timeout: float = 60) -> None:
     """Wait until a Lumigo created in `namespace` passes the defaulting webhook.
@@ -352,9 +379,9 @@ class OperatorProcess:
                         WORKLOAD_RULES,
                         "Ignore",
                         opted_in_selector,
-                        INJECTOR_MATCH_CONDITIONS,
+                        OPTED_IN_MATCH_CONDITIONS,
                     ),
-                    "objectSelector": {"matchLabels": {"lumigo.auto-trace": "true"}},
+                    "objectSelector": OPTED_IN_OBJECT_SELECTOR,
                 },
                 hook(
                     "lumigodefaulter.kb.io",

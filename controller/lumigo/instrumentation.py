@@ -103,6 +103,12 @@ def opted_out_state(obj: JSON) -> JSON:
         return {}
 
 
+def is_opted_out_and_instrumented(obj: JSON) -> bool:
+    """A full workload object (not a projection) labelled `false` whose pod template still
+    carries our instrumentation; never a Deployment's ReplicaSet."""
+    return opted_out_state(obj).get(OPTED_OUT_INSTRUMENTED) is True
+
+
 def is_opted_out_but_instrumented(obj: JSON) -> bool:
     """A cached workload labelled `false` whose pod template still has our instrumentation."""
     return mutation.is_opted_out(obj) and obj.get(OPTED_OUT_INSTRUMENTED) is True
@@ -190,7 +196,9 @@ class Instrumenter:
             self._drop_leftover_skip_label(target)
         return outcome
 
-    def remove_opted_out(self, target: Target, trigger: str) -> Outcome:
+    def remove_opted_out(
+        self, target: Target, trigger: str, component: str | None = None
+    ) -> Outcome:
         """Clean a workload the user labelled `false` (the label stays: they opted out)."""
 
         def change(obj: JSON) -> JSON | None:
@@ -202,7 +210,7 @@ class Instrumenter:
             set_annotations(cleaned, ROLLOUT_MARKS_CLEARED)
             return cleaned
 
-        return self._write(target, change, "remove", trigger)
+        return self._write(target, change, "remove", trigger, component)
 
     def _drop_leftover_skip_label(self, target: Target) -> None:
         """Without a running webhook (failurePolicy Ignore) the handshake label stays: drop it,
@@ -238,8 +246,10 @@ class Instrumenter:
     ) -> list[Outcome]:
         return self._map(lambda t: self.uninstrument(t, trigger, component), targets)
 
-    def remove_opted_out_all(self, targets: Iterable[Target], trigger: str) -> list[Outcome]:
-        return self._map(lambda t: self.remove_opted_out(t, trigger), targets)
+    def remove_opted_out_all(
+        self, targets: Iterable[Target], trigger: str, component: str | None = None
+    ) -> list[Outcome]:
+        return self._map(lambda t: self.remove_opted_out(t, trigger, component), targets)
 
     def _map(self, fn: Callable[[Target], Outcome], targets: Iterable[Target]) -> list[Outcome]:
         items = list(targets)

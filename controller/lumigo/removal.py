@@ -22,11 +22,12 @@ from controller.lumigo.instrumentation import (
     Instrumenter,
     Target,
     is_labelled_instrumented,
+    is_opted_out_and_instrumented,
     target_order,
 )
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import WORKLOADS, ApiError
+from controller.runtime.resources import JOBS, WORKLOADS, ApiError
 from webhook import events
 from webhook.mutation import is_deployment_owned
 
@@ -90,18 +91,31 @@ def remove_instrumentation(client: KubeClient, instrumenter: Instrumenter, lumig
     return changed
 
 
-def instrumented_targets(client: KubeClient, namespace: str | None = None) -> list[Target]:
-    """Workloads labelled as instrumented (any value but `false`), live; Deployment-owned
-    ReplicaSets aside (their Deployment is the one to change)."""
-    targets = []
+class Labelled(NamedTuple):
+    """Live workloads carrying the auto-trace label that still have something of ours;
+    Deployment-owned ReplicaSets aside (their Deployment is the one to change)."""
+
+    instrumented: list[Target]  # labelled as instrumented (any value but `false`)
+    opted_out: list[Target]  # labelled `false`, pod template still ours (Jobs aside: immutable)
+
+
+def labelled_targets(client: KubeClient, namespace: str | None = None) -> Labelled:
+    instrumented, opted_out = [], []
     for resource in WORKLOADS:
         items, _ = client.list(resource, namespace, label_selector=constants.LABEL_AUTO_TRACE)
-        targets += [
-            Target.of(o)
-            for o in items
-            if is_labelled_instrumented(o) and not is_deployment_owned(o)
-        ]
-    return sorted(targets, key=target_order)
+        for obj in items:
+            if is_deployment_owned(obj):
+                continue
+            if is_labelled_instrumented(obj):
+                instrumented.append(Target.of(obj))
+            elif resource is not JOBS and is_opted_out_and_instrumented(obj):
+                opted_out.append(Target.of(obj))
+    return Labelled(sorted(instrumented, key=target_order), sorted(opted_out, key=target_order))
+
+
+def instrumented_targets(client: KubeClient, namespace: str | None = None) -> list[Target]:
+    """Workloads labelled as instrumented (any value but `false`), live."""
+    return labelled_targets(client, namespace).instrumented
 
 
 def remove_finalizer(client: KubeClient, lumigo: JSON) -> bool:

@@ -6,7 +6,9 @@
    finalizer — get the same treatment here (`controller.lumigo.removal`, the finalizer's own
    code), and then their finalizer is dropped.
 3. Strip instrumentation from every workload still labelled as instrumented in every namespace
-   (this covers workloads opted in with the `lumigo.auto-trace=true` label and no Lumigo).
+   (this covers workloads opted in with the `lumigo.auto-trace=true` label and no Lumigo), and
+   from those labelled `false` whose pod template still carries it (an opt-out the webhook did
+   not see, a re-applied export); their `false` label stays: it is the user's.
 """
 
 from __future__ import annotations
@@ -70,8 +72,13 @@ def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) ->
             },
         )
         _finalize_here(client, instrumenter, lumigo, report)
-    targets = removal.instrumented_targets(client)
-    outcomes = instrumenter.uninstrument_all(targets, UNINSTALL_TRIGGER, UNINSTALL_COMPONENT)
+    found = removal.labelled_targets(client)
+    outcomes = instrumenter.uninstrument_all(
+        found.instrumented, UNINSTALL_TRIGGER, UNINSTALL_COMPONENT
+    )
+    outcomes += instrumenter.remove_opted_out_all(
+        found.opted_out, UNINSTALL_TRIGGER, UNINSTALL_COMPONENT
+    )
     report.uninstrumented += sum(1 for o in outcomes if o.changed)
     report.failures += [f"{o.target.resource.kind} {o.target.namespace}/{o.target.name}: "
                         f"{o.error}" for o in outcomes if o.error]  # fmt: skip

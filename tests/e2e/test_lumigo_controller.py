@@ -509,6 +509,40 @@ def test_the_api_server_calls_the_injector_only_where_a_lumigo_is_active_or_a_wo
     assert admissions(operator, monitored_ns) == 1  # once, not once per entry
 
 
+def test_the_opted_in_entry_sees_labelled_workloads_until_they_opt_out(
+    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+) -> None:
+    """Where no Lumigo is active, the injector is called for workloads carrying the
+    lumigo.auto-trace label whatever its value (injection rewrites `true` to the version, so a
+    later `false` must still reach it), and not for those that stay opted out or are unlabelled."""
+    label = constants.LABEL_AUTO_TRACE
+    ns = operator.new_namespace()
+
+    def touch(name: str, labels: dict[str, str] | None = None) -> JSON:
+        patch: JSON = {"metadata": {"annotations": {"touched": name}}}
+        if labels:
+            patch["metadata"]["labels"] = labels
+        updated: JSON = kube.merge_patch(DEPLOYMENTS, name, patch, ns)
+        return updated
+
+    create(kube, ns, DEPLOYMENTS, "plain")
+    touch("plain")
+    create(kube, ns, DEPLOYMENTS, "out", **{label: "false"})
+    touch("out")
+    assert admissions(operator, ns) == 0  # unlabelled, or opted out and staying so: no call
+
+    assert instrumented(create(kube, ns, DEPLOYMENTS, "app", **{label: "true"}))
+    assert admissions(operator, ns) == 1
+    assert instrumented(touch("app"))  # labelled with the version: the handler decides
+    assert admissions(operator, ns) == 2
+    assert clean(touch("app", {label: "false"}))  # the opt-out: instrumentation removed
+    assert admissions(operator, ns) == 3
+    touch("app")
+    assert admissions(operator, ns) == 3  # opted out and staying so: no call
+    assert instrumented(touch("app", {label: "true"}))
+    assert admissions(operator, ns) == 4
+
+
 def test_the_api_server_spares_the_injector_the_operators_own_writes_and_deployments_replicasets(
     operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
 ) -> None:

@@ -10,8 +10,17 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, STATEFULSETS
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
-from tests.support.checks import TOKEN, clean, create, instrumented, is_active, lumigo_yaml
+from tests.support.checks import (
+    TOKEN,
+    clean,
+    create,
+    has_event,
+    instrumented,
+    is_active,
+    lumigo_yaml,
+)
 from tests.support.lumigo import create_token_secret
+from tests.support.workloads import workload
 
 
 def instrumented_namespace(op: OperatorProcess, cluster: LocalCluster, kube: KubeClient) -> str:
@@ -78,5 +87,61 @@ def test_uninstall_without_an_operator_does_the_work_itself(
         assert "finalized" in result.stdout
         workloads = [(DEPLOYMENTS, "web"), (STATEFULSETS, "db"), (DAEMONSETS, "agent")]
         assert_nothing_left(kube, {a: workloads, c: [(DEPLOYMENTS, "opted-in")]})
+    finally:
+        op.teardown()
+
+
+def test_a_label_opted_in_workload_through_its_life(
+    cluster: LocalCluster, kube: KubeClient, crd: Path
+) -> None:
+    """A namespace without a Lumigo, workloads opted in with `lumigo.auto-trace=true`: injection
+    rewrites the label to `lumigo-operator.v<version>`, so the webhook must still be called when
+    the user relabels it `false` (opt-out) or edits it; uninstall leaves nothing of ours, also on
+    a workload labelled `false` that still carries our instrumentation (a re-applied export)."""
+    label = constants.LABEL_AUTO_TRACE
+    op = OperatorProcess(cluster, kube).setup()
+    try:
+        op.start().wait_ready()
+        ns = op.new_namespace()
+
+        # Opt in: the opted-in webhook entry injects it with its label settings.
+        app = create(kube, ns, DEPLOYMENTS, "app", **{label: "true"})
+        assert instrumented(app)
+        injected_template = app["spec"]["template"]
+
+        # An unrelated edit keeps it instrumented.
+        app["spec"]["replicas"] = 2
+        app["spec"]["template"]["metadata"].setdefault("annotations", {})["rev"] = "2"
+        app = kube.replace(DEPLOYMENTS, app, ns)
+        assert instrumented(app)
+        assert app["spec"]["template"]["metadata"]["annotations"]["rev"] == "2"
+
+        # Opt out: the webhook removes the instrumentation on that very update; the label stays.
+        app = kube.merge_patch(DEPLOYMENTS, "app", {"metadata": {"labels": {label: "false"}}}, ns)
+        assert clean(app), app["spec"]["template"]
+        assert app["metadata"]["labels"][label] == "false"
+        wait_until(lambda: has_event(kube, ns, "app", "LumigoRemovedInstrumentation"), 30,
+                   "the opt-out's Removed event")  # fmt: skip
+
+        # Opt in again.
+        app = kube.merge_patch(DEPLOYMENTS, "app", {"metadata": {"labels": {label: "true"}}}, ns)
+        assert instrumented(app)
+
+        # Labelled `false` from the start but carrying our instrumentation (an exported
+        # manifest applied again): admitted as it is; uninstall still cleans it.
+        copy = workload(DEPLOYMENTS, "copy", {label: "false"})
+        copy["spec"]["template"] = {
+            **injected_template,
+            "metadata": {"labels": {"app": "copy"}},
+        }
+        copy["spec"]["selector"] = {"matchLabels": {"app": "copy"}}
+        assert not clean(kube.create(DEPLOYMENTS, copy, ns))
+
+        result = op.uninstall("30s")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert_nothing_left(kube, {ns: [(DEPLOYMENTS, "app")]})
+        copied = kube.get(DEPLOYMENTS, "copy", ns)
+        assert clean(copied), copied["spec"]["template"]
+        assert copied["metadata"]["labels"][label] == "false"  # the user's: kept
     finally:
         op.teardown()

@@ -417,15 +417,20 @@ def test_webhooks_follow_the_contract() -> None:
     # The second injector entry: labelled workloads where the first one is not registered, and
     # nothing else (disjoint namespaces, so nothing is sent twice).
     assert opted_in["name"] == "lumigoinjector-opted-in.kb.io"
-    assert opted_in["objectSelector"] == {"matchLabels": {constants.LABEL_AUTO_TRACE: "true"}}
+    # The label with any value: injection rewrites `true` to the version, and the API server
+    # matches an objectSelector against the old and the new object, so an opt-out (`false`) must
+    # still select it (the handler decides what each value means).
+    assert opted_in["objectSelector"] == {
+        "matchExpressions": [{"key": constants.LABEL_AUTO_TRACE, "operator": "Exists"}]
+    }
     assert opted_in["namespaceSelector"]["matchExpressions"][-1] == {
         "key": constants.LABEL_MONITORED,
         "operator": "NotIn",
         "values": ["true"],
     }
     assert {k: v for k, v in opted_in.items() if k not in ("name", "namespaceSelector",
-            "objectSelector")} == {k: v for k, v in inject.items() if k not in (
-            "name", "namespaceSelector")}  # fmt: skip
+            "objectSelector", "matchConditions")} == {k: v for k, v in inject.items() if k not in (
+            "name", "namespaceSelector", "matchConditions")}  # fmt: skip
     assert inject["name"] == constants.INJECTOR_WEBHOOK_NAME
     assert inject["clientConfig"]["service"]["path"] == constants.INJECT_PATH
     assert (inject["failurePolicy"], inject["timeoutSeconds"], inject["sideEffects"]) == (
@@ -711,7 +716,11 @@ def test_the_injector_is_not_called_for_the_operators_writes_or_deployments_repl
     ServiceAccount; the local test operator's registration has the same conditions for its own
     user, so the e2e tier exercises what is installed."""
     from localcluster import OPERATOR_USER
-    from localoperator import INJECTOR_MATCH_CONDITIONS
+    from localoperator import (
+        INJECTOR_MATCH_CONDITIONS,
+        OPTED_IN_MATCH_CONDITIONS,
+        OPTED_IN_OBJECT_SELECTOR,
+    )
 
     sa = "system:serviceaccount:lumigo-system:lumigo-kubernetes-operator"
     rbac = load(CONFIG / "rbac" / "service_account.yaml")[0]["metadata"]
@@ -719,9 +728,12 @@ def test_the_injector_is_not_called_for_the_operators_writes_or_deployments_repl
     hooks = [h for c in load(CONFIG / "webhook" / "manifests.yaml") for h in c["webhooks"]]
     injectors = [h for h in hooks if h["clientConfig"]["service"]["path"] == "/v1alpha1/inject"]
     assert len(injectors) == 2
-    local = json.loads(json.dumps(INJECTOR_MATCH_CONDITIONS).replace(OPERATOR_USER, sa))
-    for hook in injectors:
+    inject, opted_in = injectors
+    for hook, conditions in ((inject, INJECTOR_MATCH_CONDITIONS),
+                             (opted_in, OPTED_IN_MATCH_CONDITIONS)):  # fmt: skip
+        local = json.loads(json.dumps(conditions).replace(OPERATOR_USER, sa))
         assert hook["matchConditions"] == local, hook["name"]
+    assert opted_in["objectSelector"] == OPTED_IN_OBJECT_SELECTOR
     # OLM's webhook definitions cannot carry matchConditions: the CSV has none (the handler
     # still leaves those objects unchanged when it is called).
     (path,) = (BUNDLE / "manifests").glob("*.clusterserviceversion.yaml")
