@@ -85,6 +85,8 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
             leader_election_id=opts.leader_election_id,
             health_probe_bind_address=opts.health_probe_bind_address,
             metrics_bind_address=opts.metrics_bind_address,
+            metrics_secure=opts.metrics_secure,
+            metrics_cert_dir=opts.metrics_cert_dir,
             shutdown_delay=opts.shutdown_delay,
         ),
     )

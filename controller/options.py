@@ -55,6 +55,8 @@ class RunOptions:
     namespace: str = "lumigo-system"
     kubeconfig: str | None = None
     metrics_bind_address: str = ":8080"
+    metrics_secure: bool = True
+    metrics_cert_dir: str | None = None
     health_probe_bind_address: str = ":8081"
     webhook_host: str = "0.0.0.0"  # noqa: S104 - the API server reaches us through a Service
     webhook_port: int = 9443
@@ -143,6 +145,16 @@ def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def parse_bool(text: str) -> bool:
+    """'true'/'false' (and 1/0, yes/no, on/off), as Go's flag package reads a bool."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on", "t"):
+        return True
+    if value in ("false", "0", "no", "off", "f"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}: expected true or false")
+
+
 def parse_redact_annotations(text: str) -> tuple[str, ...]:
     try:
         return parse_patterns(text)
@@ -171,6 +183,23 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
     a("--namespace", default=default_namespace(), help="the operator's namespace [POD_NAMESPACE]")
     a("--kubeconfig", default=os.environ.get("KUBECONFIG") or None, help="[KUBECONFIG]")
     a("--metrics-bind-address", default=d.metrics_bind_address, help="/metrics; '0' disables")
+    a(
+        "--metrics-secure",
+        type=parse_bool,
+        nargs="?",
+        const=True,
+        default=parse_bool(_env("LUMIGO_METRICS_SECURE", str(d.metrics_secure))),
+        help="serve /metrics over HTTPS, only to bearer tokens the API server accepts whose user "
+        "may get the non-resource URL /metrics (e.g. bound to the metrics-reader ClusterRole); "
+        "false: plain HTTP without authentication, for a trusted network "
+        "[LUMIGO_METRICS_SECURE]",
+    )
+    a(
+        "--metrics-cert-dir",
+        default=_env("LUMIGO_METRICS_CERT_DIR", "") or None,
+        help="tls.crt and tls.key for secure /metrics (followed while serving); unset: a "
+        "self-signed certificate generated in memory at start-up [LUMIGO_METRICS_CERT_DIR]",
+    )
     a("--health-probe-bind-address", default=d.health_probe_bind_address)
     a("--webhook-host", default=d.webhook_host)
     a("--webhook-port", type=int, default=int(_env("WEBHOOK_PORT", str(d.webhook_port))))

@@ -10,14 +10,18 @@ and kube-system, as the Helm chart does.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import ssl
 import subprocess
 import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
@@ -97,6 +101,61 @@ OPTED_IN_MATCH_CONDITIONS = [
 ]
 
 
+METRICS_READER_ROLE = ROOT / "config" / "rbac" / "metrics_reader_role.yaml"
+
+
+def metrics_reader_token(
+    cluster: LocalCluster, namespace: str, name: str, *, bound: bool = True
+) -> str:
+    """A token of a new ServiceAccount `name` in `namespace`; with `bound`, bound (through a
+    ClusterRole and ClusterRoleBinding both called `name`) to the rules of the shipped
+    metrics-reader ClusterRole. `release_metrics_reader` deletes the cluster-wide objects."""
+    role = yaml.safe_load(METRICS_READER_ROLE.read_text())
+    docs: list[JSON] = [{"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": name, "namespace": namespace}}]  # fmt: skip
+    if bound:
+        docs += [
+            {**role, "metadata": {"name": name}},
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        ]  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                          "items": docs}))  # fmt: skip
+    return cluster.kubectl("create", "token", name, "-n", namespace, "--duration=1h").strip()
+
+
+def release_metrics_reader(cluster: LocalCluster, name: str) -> None:
+    cluster.kubectl("delete", "clusterrolebinding,clusterrole", name, "--ignore-not-found",
+                    check=False)  # fmt: skip
+
+
+def scrape(port: int, path: str = "/metrics", *, secure: bool, token: str | None = None,
+           timeout: float = 5, host: str = "127.0.0.1") -> tuple[int, str]:  # fmt: skip
+    """GET /metrics over HTTPS (the certificate is self-signed: not verified) with an optional
+    bearer token, or over plain HTTP. (status, body); status 0 when no HTTP answer came."""
+    context = None
+    if secure:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(f"{'https' if secure else 'http'}://{host}:{port}{path}")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+    except OSError as err:
+        return 0, str(err)
+
+
 def wait_until_webhooks_admit(kube: KubeClient, namespace: str, timeout: float = 60) -> None:
     """Wait until a Lumigo created in `namespace` passes the defaulting webhook.
 
@@ -167,6 +226,8 @@ class OperatorProcess:
         self.starts = 0
         self.namespaces: list[str] = []
         self._probe_namespace: str | None = None
+        self._metrics_token: str | None = None
+        self.metrics_reader = f"lumigo-test-metrics-{self.id}"
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def setup(self) -> OperatorProcess:
@@ -262,6 +323,7 @@ class OperatorProcess:
         (and the namespace controller busy), so it is dropped first."""
         self.stop()
         self.kube.delete(MUTATING_WEBHOOK_CONFIGURATIONS, self.config_name)
+        release_metrics_reader(self.cluster, self.metrics_reader)
         self.release_namespaces([*self.namespaces, self.namespace])
 
     def release_namespaces(self, namespaces: list[str]) -> None:
@@ -278,8 +340,29 @@ class OperatorProcess:
                 pass  # best effort: the session's cluster is thrown away at the end anyway
 
     # -- helpers -----------------------------------------------------------------------------------
+    @property
+    def metrics_secure(self) -> bool:
+        """Whether this process serves /metrics securely, as it reads --metrics-secure (the
+        last one wins; secure by default)."""
+        secure = True
+        for arg in self.args():
+            if arg == "--metrics-secure" or arg.startswith("--metrics-secure="):
+                secure = arg.partition("=")[2].lower() in ("", "true", "1", "yes", "on", "t")
+        return secure
+
+    def metrics_token(self) -> str:
+        """A token allowed to scrape /metrics (a ServiceAccount made on first use)."""
+        if self._metrics_token is None:
+            self._metrics_token = metrics_reader_token(self.cluster, self.namespace,
+                                                       self.metrics_reader)  # fmt: skip
+        return self._metrics_token
+
     def probe(self, path: str) -> tuple[int, str]:
-        port = self.metrics_port if path.startswith("/metrics") else self.health_port
+        if path.startswith("/metrics"):  # as Prometheus scrapes it, with its token if secure
+            secure = self.metrics_secure
+            token = self.metrics_token() if secure else None
+            return scrape(self.metrics_port, path, secure=secure, token=token)
+        port = self.health_port
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
                 return resp.status, resp.read().decode()

@@ -1,23 +1,39 @@
-"""Plain-HTTP probe and metrics endpoints: /healthz, /readyz, /metrics.
+"""Probe and metrics endpoints: /healthz, /readyz (plain HTTP), /metrics (HTTPS or plain).
 
 Checks are named callables returning None when fine or raising (any exception = failing, its
 message is shown). `/healthz?verbose` and `/readyz?verbose` list every check like the API server.
 
-Served by the webhook's HTTP server (`webhook.admission.server.HTTPServer`: uvicorn, without
-TLS): idle connections are closed after a while, a request must arrive within a deadline, and the
-number of open connections is capped (the longest idle closed first), so idle or slow clients can
-neither pile up threads nor keep the kubelet's probes from being answered.
+Served by the webhook's HTTP server (`webhook.admission.server.HTTPServer`: uvicorn): idle
+connections are closed after a while, a request must arrive within a deadline, and the number of
+open connections is capped (the longest idle closed first), so idle or slow clients can neither
+pile up threads nor keep the kubelet's probes from being answered.
+
+Probes are plain HTTP for the kubelet. /metrics names namespaces and workloads, so by default it
+is served as controller-runtime's scaffold serves it (`SecureServing`): over TLS, and only to a
+caller whose bearer token the API server accepts (TokenReview) and who may `get` the
+non-resource URL /metrics (SubjectAccessReview): `webhook.admission.delegated_auth`. The
+certificate comes from a directory (tls.crt, tls.key; followed while serving) or, without one,
+is generated in memory at start-up, as controller-runtime does. Plain /metrics is an option for
+scrapers inside a trusted network.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import logging
+import socket
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from webhook.admission import certs
+from webhook.admission.cert_manager import FileCerts
+from webhook.admission.delegated_auth import CacheSettings, DelegatedAuth, ReviewAPI
 from webhook.admission.server import HTTPServer, Request, Response, ServerOptions
+from webhook.admission.tls import ServingTLS
 
 log = logging.getLogger("lumigo.health")
 
@@ -44,8 +60,37 @@ def parse_bind_address(address: str) -> tuple[str, int]:
     return (host or "0.0.0.0", int(port))  # noqa: S104 - probes must be reachable by kubelet
 
 
+@dataclass(frozen=True)
+class SecureServing:
+    """/metrics over TLS, to callers the API server authenticates and authorizes.
+
+    `api` sends the TokenReviews and SubjectAccessReviews (its identity needs `create` on both).
+    `cert_dir` holds tls.crt and tls.key (followed while serving); None: a self-signed pair for
+    `host_names` (plus the host name, localhost and 127.0.0.1) is generated in memory at start.
+    """
+
+    api: ReviewAPI
+    cert_dir: Path | None = None
+    host_names: tuple[str, ...] = ()
+    cache: CacheSettings = field(default_factory=CacheSettings)
+
+
+def self_signed_pair(host_names: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+    """A certificate and key (PEM) for this host, made in memory; never written anywhere."""
+    hostname = socket.gethostname() or "localhost"
+    names = tuple(dict.fromkeys((*host_names, "localhost")))
+    policy = certs.CertPolicy(
+        service=hostname, namespace="local", extra_dns_names=names,
+        extra_ip_addresses=("127.0.0.1", "::1"),
+    )  # fmt: skip
+    pair = certs.bootstrap(policy, dt.datetime.now(dt.UTC)).serving
+    return pair.cert_pem, pair.key_pem
+
+
 class ProbeServer:
-    """One HTTP server; serves probes, metrics, or both depending on flags."""
+    """One HTTP server; serves probes, metrics, or both depending on flags. With `secure`,
+    over TLS, and /metrics only to callers the API server says may get it (probes are never
+    served securely: the kubelet probes plain HTTP)."""
 
     def __init__(
         self,
@@ -54,16 +99,27 @@ class ProbeServer:
         probes: bool = True,
         metrics: bool = True,
         options: ServerOptions = PROBE_OPTIONS,
+        secure: SecureServing | None = None,
     ) -> None:
+        if secure is not None and probes:
+            raise ValueError(
+                "probes are served over plain HTTP for the kubelet: serve secure metrics on "
+                "an address of their own"
+            )
         self.healthz: dict[str, Check] = {}
         self.readyz: dict[str, Check] = {}
         self._serve_probes = probes
         self._serve_metrics = metrics
+        self.secure = secure
+        self.auth = DelegatedAuth(secure.api, secure.cache) if secure is not None else None
+        self.tls = ServingTLS(expiry_metric=False) if secure is not None else None
+        self._files: FileCerts | None = None
         host, port = parse_bind_address(address)
         self._server = HTTPServer(
             self._handle,
             dataclasses.replace(options, host=host, port=port),
-            name=f"probe-server-{port}",
+            tls=self.tls,
+            name=f"{'metrics' if secure else 'probe'}-server-{port}",
         )
 
     @property
@@ -71,17 +127,29 @@ class ProbeServer:
         return self._server.port
 
     def start(self) -> None:
+        if self.secure is not None and self.tls is not None and self.tls.loaded is None:
+            if self.secure.cert_dir is None:
+                self.tls.load_pem(*self_signed_pair(self.secure.host_names))
+            else:
+                self._files = FileCerts(self.tls, self.secure.cert_dir)
+                self._files.start()
+                if self.tls.loaded is None:
+                    self._files.stop()
+                    raise RuntimeError(f"cannot serve metrics over TLS: {self._files.problem}")
         self._server.start()
 
     def stop(self) -> None:
         self._server.stop()
+        if self._files is not None:
+            self._files.stop()
 
     def _handle(self, request: Request) -> Response:
         if request.method not in ("GET", "HEAD"):
             return Response(405, b"method not allowed\n", "text/plain", {"Allow": "GET, HEAD"})
         path, _, query = request.target.partition("?")
         if path == "/metrics" and self._serve_metrics:
-            return Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            denied = self.auth.check(request) if self.auth is not None else None
+            return denied or Response(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
         if path in ("/healthz", "/livez") and self._serve_probes:
             return self._checks(self.healthz, "verbose" in query)
         if path == "/readyz" and self._serve_probes:

@@ -18,10 +18,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from controller.runtime import metrics
-from controller.runtime.health import Check, CheckFailed, ProbeServer
+from controller.runtime.health import Check, CheckFailed, ProbeServer, SecureServing
 from controller.runtime.informer import FuncHandler, Informer, Selection, Transform
 from controller.runtime.kube import KubeClient
 from controller.runtime.leader import LeaderElector, LeaseSettings, default_identity
@@ -260,6 +261,10 @@ class ManagerOptions:
     retry_period: float = 2.0
     health_probe_bind_address: str = ":8081"
     metrics_bind_address: str = ":8080"
+    # /metrics over TLS to callers the API server authenticates and authorizes (TokenReview,
+    # SubjectAccessReview for `get` on the non-resource URL); False: plain HTTP, no auth.
+    metrics_secure: bool = False
+    metrics_cert_dir: str | None = None  # tls.crt + tls.key; None: self-signed, in memory
     cache_sync_timeout: float = 120.0
     graceful_shutdown_timeout: float = 30.0
     # Seconds between SIGTERM and the start of the shutdown: the pod is not ready and everything
@@ -290,14 +295,24 @@ class Manager:
         self._not_starting.set()
         self.elector: LeaderElector | None = None
         opts = self.options
-        self.probes = ProbeServer(
-            opts.health_probe_bind_address,
-            probes=True,
-            metrics=opts.health_probe_bind_address == opts.metrics_bind_address,
-        )
+        shared = opts.health_probe_bind_address == opts.metrics_bind_address
+        if shared and opts.metrics_secure:
+            raise ValueError(
+                "secure metrics need an address of their own: the probes stay plain HTTP for "
+                "the kubelet (set another metrics bind address, or turn secure metrics off)"
+            )
+        self.probes = ProbeServer(opts.health_probe_bind_address, probes=True, metrics=shared)
         self.metrics_server: ProbeServer | None = None
         if opts.metrics_bind_address not in ("0", "", opts.health_probe_bind_address):
-            self.metrics_server = ProbeServer(opts.metrics_bind_address, probes=False)
+            secure = None
+            if opts.metrics_secure:
+                cert_dir = Path(opts.metrics_cert_dir) if opts.metrics_cert_dir else None
+                # A scrape waits for at most one short try of each review.
+                reviews = self.client.clone(timeout=5.0, retry_attempts=1)
+                secure = SecureServing(reviews, cert_dir=cert_dir)
+            self.metrics_server = ProbeServer(
+                opts.metrics_bind_address, probes=False, secure=secure
+            )
         self.probes.healthz["informers"] = self._informers_alive
         self.probes.readyz["informers"] = self._informers_synced
 

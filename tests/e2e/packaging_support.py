@@ -28,7 +28,7 @@ from api import constants
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import NAMESPACES
 from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from localoperator import OperatorProcess, release_metrics_reader
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "bin"
@@ -439,6 +439,7 @@ class InstalledOperator(OperatorProcess):
                 "delete", "mutatingwebhookconfiguration", name, "--ignore-not-found", check=False
             )
         self.stop()
+        release_metrics_reader(self.cluster, self.metrics_reader)
         self.release_namespaces(self.app_namespaces)
 
     def log_text(self) -> str:

@@ -69,6 +69,52 @@ def test_the_chart_ships_them_only_when_asked() -> None:
     )
 
 
+def manager_args(docs: list[JSON]) -> list[str]:
+    deployment = find(docs, "Deployment", "lumigo-lumigo-operator-controller-manager")
+    (manager,) = [c for c in deployment["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "manager"]  # fmt: skip
+    return list(manager["args"])
+
+
+def review_rules(docs: list[JSON]) -> list[JSON]:
+    role = find(docs, "ClusterRole", "lumigo-lumigo-operator-manager-role")
+    return [r for r in role["rules"]
+            if {"tokenreviews", "subjectaccessreviews"} & set(r.get("resources", []))]  # fmt: skip
+
+
+def test_the_service_monitor_scrapes_secure_metrics_with_a_token() -> None:
+    """Secure /metrics by default (issue 28 item 8): the manager may review tokens, the
+    metrics-reader ClusterRole is shipped, and the ServiceMonitor scrapes over HTTPS with
+    Prometheus's token; `metrics.secure: false` makes all of it plain."""
+    monitor = {"monitoring": {"serviceMonitor": {
+        "enabled": True, "labels": {"release": "prom"},
+        "readerServiceAccount": {"name": "prometheus", "namespace": "monitoring"}}}}  # fmt: skip
+    docs = load_docs(render_chart("lumigo", "lumigo-system"))
+    assert "ServiceMonitor" not in {d["kind"] for d in docs}
+    assert "--metrics-secure=true" in manager_args(docs)
+    assert [r["verbs"] for r in review_rules(docs)] == [["create"], ["create"]]
+    reader = find(docs, "ClusterRole", "lumigo-lumigo-operator-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+    docs = load_docs(render_chart("lumigo", "lumigo-system", monitor))
+    (endpoint,) = find(docs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    binding = find(docs, "ClusterRoleBinding", "lumigo-lumigo-operator-metrics-reader")
+    assert binding["roleRef"]["name"] == reader["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}
+    ]
+
+    docs = load_docs(render_chart("lumigo", "lumigo-system",
+                                  {**monitor, "metrics": {"secure": False}}))  # fmt: skip
+    assert "--metrics-secure=false" in manager_args(docs)
+    assert review_rules(docs) == []
+    (endpoint,) = find(docs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "http"
+    assert "bearerTokenFile" not in endpoint
+
+
 def test_every_alert_is_valid_promql_with_a_severity_and_a_summary() -> None:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     alerts = [r for g in groups for r in g["rules"]]

@@ -284,6 +284,9 @@ def run_scenario(cluster: LocalCluster, workdir: Path) -> None:
     kube.create(NODES, node_without_kubelet(PROVIDER_NODE, "aws:///eu-west-1a/i-0rbac"))
 
     with installed_operator(cluster, kube, NAMESPACE, DEPLOYMENT, workdir) as operator:
+        # A scrape of the secure /metrics: the manager reviews the scraper's token and access.
+        status, body = operator.probe("/metrics")
+        assert status == 200, body
         wait_until(lambda: kube.get_or_none(DAEMONSETS, AGENT, NAMESPACE), 60, "the agent")
         wait_until(lambda: ANNOTATION_PROVIDER_ID in (
             kube.get(NODES, PROVIDER_NODE)["metadata"].get("annotations") or {}

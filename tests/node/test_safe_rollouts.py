@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from api import constants
+from localoperator import metrics_reader_token, scrape
 from tests.e2e.packaging_support import get_json
 from tests.node.conftest import NodeHolder
 from tests.node.product import (
@@ -97,9 +97,12 @@ def injected_pod_restarts(product: Product, name: str) -> int:
 
 
 def reverts_metric(product: Product) -> float:
+    """From the operator pod's secure /metrics, as Prometheus scrapes it: HTTPS with the token
+    of a ServiceAccount bound to the metrics-reader rules."""
     (pod,) = product.pods(OPERATOR_NS, "control-plane=controller-manager")
-    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8080/metrics", timeout=10) as r:
-        text = r.read().decode()
+    token = metrics_reader_token(product.cluster, NS, "revert-metrics-reader")
+    status, text = scrape(8080, secure=True, token=token, timeout=10, host=pod["status"]["podIP"])
+    assert status == 200, text
     wanted = f'lumigo_instrumentation_reverts_total{{kind="Deployment",namespace="{NS}"}}'
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(wanted))  # fmt: skip

@@ -204,13 +204,13 @@ def test_rbac_has_no_wildcards_and_no_escalation() -> None:
             for key in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(key, []), (doc["metadata"]["name"], rule)
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-            assert "customresourcedefinitions" not in rule["resources"]
+            assert "customresourcedefinitions" not in rule.get("resources", [])
 
 
 def test_secrets_are_never_listed_or_watched_cluster_wide() -> None:
     for doc in config_rbac():
         for rule in doc.get("rules", []):
-            if "secrets" not in rule["resources"]:
+            if "secrets" not in rule.get("resources", []):  # nonResourceURLs rules have none
                 continue
             if doc["kind"] == "ClusterRole":
                 assert rule["verbs"] == ["get"], "token Secrets: GET by name only"
@@ -547,7 +547,11 @@ def test_alm_example_is_the_seed_readme_quick_start() -> None:
 def test_bundle_ships_no_object_olm_creates_itself() -> None:
     kinds = {d["kind"] for p in (BUNDLE / "manifests").glob("*.yaml") for d in load(p)}
     assert kinds == {"ClusterServiceVersion", "CustomResourceDefinition", "Service", "Role",
-                     "RoleBinding"}  # fmt: skip
+                     "RoleBinding", "ClusterRole"}  # fmt: skip
+    # The one ClusterRole: metrics-reader, for users to bind their scraper to (nobody is).
+    roles = [d for p in (BUNDLE / "manifests").glob("*.yaml") for d in load(p)
+             if d["kind"] == "ClusterRole"]  # fmt: skip
+    assert roles == [one(CONFIG / "rbac" / "metrics_reader_role.yaml", "ClusterRole")]
 
 
 def test_csv_installs_the_telemetry_proxy() -> None:

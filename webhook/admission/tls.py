@@ -72,7 +72,10 @@ def _load_chain(ctx: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
 class ServingTLS:
     """Holds the current serving certificate; `server_context()` is what sockets are wrapped in."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, expiry_metric: bool = True) -> None:
+        """`expiry_metric`: export the serving certificate's expiry (the webhook's; not for
+        another server's certificate in the same process)."""
+        self._expiry_metric = expiry_metric
         self._loaded: Loaded | None = None
         self._lock = threading.Lock()
         self._base = _new_context()
@@ -121,7 +124,8 @@ class ServingTLS:
         fingerprint = cert.fingerprint(hashes.SHA256()).hex()
         with self._lock:
             self._loaded = Loaded(cert, fingerprint, ctx, digest)
-        CERTIFICATE_EXPIRY.labels("serving").set(cert.not_valid_after_utc.timestamp())
+        if self._expiry_metric:
+            CERTIFICATE_EXPIRY.labels("serving").set(cert.not_valid_after_utc.timestamp())
         log.info(
             "serving certificate loaded",
             extra={
