@@ -726,6 +726,18 @@ def test_helm_uninstall_removes_every_lumigo_and_all_instrumentation(
         opt_in = workload(DEPLOYMENTS, "opted-in", {constants.LABEL_AUTO_TRACE: "true"})
         assert is_injected(kube.create(DEPLOYMENTS, opt_in, opted))
         workloads = [(traced, "existing"), (traced, "new"), (opted, "opted-in")]
+        # The chart's opted-in entry still sees a label-opted-in workload relabelled `false`
+        # (injection rewrote its `true`): the instrumentation goes on that update.
+        later = workload(DEPLOYMENTS, "opted-out-later", {constants.LABEL_AUTO_TRACE: "true"})
+        injected = kube.create(DEPLOYMENTS, later, opted)
+        assert is_injected(injected)
+        opt_out = {"metadata": {"labels": {constants.LABEL_AUTO_TRACE: "false"}}}
+        assert clean(kube.merge_patch(DEPLOYMENTS, "opted-out-later", opt_out, opted))
+        # Labelled `false` but carrying the instrumentation (an export applied again): the
+        # uninstall hook cleans it and leaves the user's label.
+        copy = workload(DEPLOYMENTS, "copy", {constants.LABEL_AUTO_TRACE: "false"})
+        copy["spec"]["template"]["spec"] = injected["spec"]["template"]["spec"]
+        assert not clean(kube.create(DEPLOYMENTS, copy, opted))
         proxy_secret = f"{fullname}-telemetry-proxy-config"
         wait_until(lambda: exists(cluster, "secret", proxy_secret, "-n", ns), 60,
                    "the operator to configure the release's telemetry proxy")  # fmt: skip
@@ -746,6 +758,9 @@ def test_helm_uninstall_removes_every_lumigo_and_all_instrumentation(
         assert result.returncode == 0, result.stdout + result.stderr
         assert "finalized 0 here" in result.stdout, "the running operator processed the finalizer"
         assert kube.list(LUMIGOES)[0] == [], "no Lumigo left anywhere"
+        copied = kube.get(DEPLOYMENTS, "copy", opted)
+        assert clean(copied)
+        assert copied["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == "false"
         for namespace, name in workloads:
             stored_workload = kube.get(DEPLOYMENTS, name, namespace)
             assert clean(stored_workload), name
