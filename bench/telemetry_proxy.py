@@ -6,7 +6,9 @@ project's collector binary running exactly the rendered proxy configuration (bat
 `ProxySettings`), and an OTLP/HTTP sink as upstream that decodes every request to count spans.
 Load: `--threads` OTLP/HTTP protobuf clients on keep-alive connections, each request carrying
 `--spans` spans (a tracer's export batch), alternating two tenants' `Authorization` headers, for
-`--seconds`. Every span is enriched (a Pod with podIP 127.0.0.1 matches the connection).
+`--seconds`. Both tokens are tenants (namespaces `bench` and `bench-b` with active Lumigoes); every
+span finds its pod (a Pod of `bench` with podIP 127.0.0.1 matches the connection), and the other
+tenant's spans then lose that enrichment (the pod is not in its namespace).
 
 Figures: spans/s accepted by the proxy, spans/s delivered to upstream (first send to last
 delivery, after draining), the proxy's CPU seconds per 100k spans, its RSS at rest and after the
@@ -36,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
 from controller.runtime.kube import KubeClient  # noqa: E402
 from controller.runtime.resources import PODS  # noqa: E402
-from controller.telemetry.config import Origin, render  # noqa: E402
+from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     export_request,
@@ -110,7 +112,11 @@ def main() -> int:
         kube.merge_patch(PODS, "app", status, "bench", "status")
 
         settings = local_settings(sink.url, "bench", origin=Origin("local-test", "bench-cluster"))
-        config = render([], settings)
+        tenants = [
+            MonitoredNamespace(name, "uid", token.removeprefix("LumigoToken "), kube_events=False)
+            for name, token in zip(("bench", "bench-b"), TOKENS, strict=True)
+        ]
+        config = render(tenants, settings)
         with (
             tempfile.TemporaryDirectory() as workdir,
             running_collector(config, Path(workdir), settings.health_port, cluster.env()) as proxy,
@@ -146,7 +152,7 @@ def main() -> int:
             "send_batch_size": settings.batch_size,
             "send_batch_max_size": settings.batch_max_size,
             "timeout": settings.batch_timeout,
-            "keyed_on": "authorization",
+            "per": "tenant (its own exporter and queue)",
         },
         "machine": {
             "cpus": os.cpu_count(),

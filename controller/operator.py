@@ -155,7 +155,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     manager.add_controller(controller)
 
     if opts.telemetry_proxy_deployment:
-        _add_telemetry(manager, client, opts, lumigoes)
+        _add_telemetry(manager, client, opts, lumigoes, workloads)
     return manager
 
 
@@ -213,7 +213,7 @@ def cert_writer_controller(writer: CertWriter) -> Controller:
 
 
 def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
-                   lumigoes: Informer) -> None:  # fmt: skip
+                   lumigoes: Informer, workloads: dict[str, Informer]) -> None:  # fmt: skip
     target = ProxyTarget(
         namespace=opts.namespace,
         secret_name=opts.telemetry_proxy_config_secret,
@@ -231,7 +231,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         heartbeat_interval=opts.telemetry_heartbeat_interval,
         redaction=Redaction(opts.telemetry_redact_env_values, opts.telemetry_redact_annotations),
     )
-    telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings)
+    telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings, workloads=workloads)
     manager.add_controller(telemetry.controller())
     agent = ClusterAgentReconciler(
         client,

@@ -5,11 +5,15 @@ reconciler can compare rendered texts to decide whether the proxy must restart.
 
 Two kinds of pipelines share one upstream collector:
 
-- the proxy: OTLP/HTTP on 4318 from the injected tracers -> k8s attributes (pod, namespace,
-  owner chain) -> operator attributes -> batch -> OTLP/HTTP upstream. The exporter forwards each
-  request's own `Authorization` header (tenancy per request), so this part holds no token and is
-  the same whatever the Lumigoes are; batching is keyed on that header so that no batch mixes two
-  tenants.
+- the proxy: OTLP/HTTP on 4318 from the injected tracers. Every tenant is hostile, so the
+  receiver accepts only the tokens of the active Lumigoes (`bearertokenauth`: any other
+  Authorization gets 401 before its body is read, and costs no batcher, queue or memory); the
+  client's own k8s identity attributes are deleted, the pod is found by the connection's source
+  address only (k8s attributes: pod, namespace, owner chain) and operator attributes are added;
+  then the `routing` connector sends each request to its token's tenant pipeline, which removes
+  any enrichment naming a namespace the token does not belong to and exports through the
+  tenant's own exporter (its token, its own bounded queue and batches). A tenant is a token: the
+  namespaces whose Lumigoes share one share its pipeline.
 - one events pipeline per namespace whose active Lumigo wants Kubernetes events: a
   `k8s_objects` receiver watching Events and the 7 object kinds of that namespace only, exported
   with that namespace's token. One receiver and exporter per namespace (rather than a routing
@@ -113,13 +117,34 @@ def k8s_extract() -> JSON:
     }
 
 
+# Resource attributes that say which pod, namespace, node or cluster data comes from: a client
+# may not say it of itself (deleted before enrichment). k8s.container.name stays: the tracer
+# knows its own container, and it names no pod.
+CLIENT_IDENTITY = (
+    r"^k8s\.(cluster|cronjob|daemonset|deployment|job|namespace|node|pod|provider|replicaset"
+    r"|statefulset)\."
+)
+# What enrichment added about a pod (everything above but the cluster): removed when the pod is
+# in a namespace its token does not belong to.
+POD_ENRICHMENT = (
+    r"^k8s\.(cronjob|daemonset|deployment|job|namespace|node|pod|provider|replicaset"
+    r"|statefulset)\."
+)
+# The receiver's only token when no Lumigo is active: no HTTP header value can hold a newline,
+# so every request is refused (bearertokenauth needs at least one token).
+NO_TENANT_TOKEN = "no active Lumigo\n"
+SCHEME = "LumigoToken"
+
+
 @dataclass(frozen=True)
 class MonitoredNamespace:
-    """A namespace whose Kubernetes events and objects are collected, with its Lumigo token."""
+    """A namespace with an active Lumigo and its token: a proxy tenant, and, with
+    `kube_events`, a namespace whose Kubernetes events and objects are collected."""
 
     name: str
     uid: str
     token: str = field(repr=False)  # never in a repr, hence never in a log line by accident
+    kube_events: bool = True
 
 
 @dataclass(frozen=True)
@@ -154,11 +179,14 @@ class ProxySettings:
     batch_size: int = 1024
     batch_max_size: int = 2048
     batch_timeout: str = "1s"
-    # Bound on distinct Authorization values batched at once (one batcher each).
-    max_tenants: int = 1000
-    # Spans/records held for retry while upstream is unreachable: bounded memory; beyond it
-    # the proxy refuses new data (the tracers drop it) instead of being OOM-killed.
-    queue_items: int = 100_000
+    # Each tenant's export queue (spans/records held for batching and for retry while upstream
+    # is unreachable), in bytes of OTLP: beyond it that tenant's requests are refused (its
+    # tracers drop them), and no other tenant's.
+    tenant_queue_bytes: int = 32 << 20
+    # Beyond this share of the proxy's memory limit (its cgroup's, else the machine's) every
+    # request is refused until memory is back under it, rather than the proxy OOM-killed.
+    memory_limit_percentage: int = 80
+    memory_spike_percentage: int = 20
     # Kubernetes events/objects: small batches, the volume is low and freshness matters.
     events_batch_size: int = 100
     events_batch_timeout: str = "1s"
@@ -217,18 +245,21 @@ def escape_expansion(value: Any) -> Any:
 
 def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> JSON:
     """The collector configuration as a dict (see `render`)."""
+    given = list(namespaces)
     by_name: dict[str, MonitoredNamespace] = {}
-    for ns in namespaces:
+    for ns in given:
         by_name.setdefault(ns.name, ns)  # one Lumigo per namespace; first one wins
-    monitored = [by_name[name] for name in sorted(by_name)]
+    monitored = [by_name[name] for name in sorted(by_name) if by_name[name].kube_events]
+    # Tenants: every (namespace, token) given. A namespace without a Lumigo may have workloads
+    # opted in by label with different tokens; a namespace with one has only its Lumigo's.
+    active = sorted({(ns.name, ns.token): ns for ns in given}.values(), key=lambda n: n.name)
 
     s = settings
     config: JSON = {
         "extensions": {
-            "headers_setter": {
-                "headers": [
-                    {"action": "upsert", "key": "Authorization", "from_context": "authorization"}
-                ]
+            "bearertokenauth/tenants": {
+                "scheme": SCHEME,
+                "tokens": sorted({ns.token for ns in active}) or [NO_TENANT_TOKEN],
             },
             "health_check": {"endpoint": f"{s.listen_host}:{s.health_port}"},
         },
@@ -238,57 +269,148 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
                     "http": {
                         "endpoint": f"{s.listen_host}:{s.otlp_port}",
                         "include_metadata": True,
+                        "auth": {"authenticator": "bearertokenauth/tenants"},
                     }
                 }
             }
         },
         "processors": {
-            "k8s_attributes": {
-                "auth_type": s.kube_auth,
-                # Spans are only forwarded once the pod cache is synced, so that none leaves
-                # unenriched after a restart; a proxy that cannot sync never becomes ready and
-                # the rollout keeps the old pods serving.
-                "wait_for_metadata": True,
-                "wait_for_metadata_timeout": "60s",
-                "extract": k8s_extract(),
-                "pod_association": [
-                    {"sources": [{"from": "resource_attribute", "name": "k8s.pod.uid"}]},
-                    {"sources": [{"from": "resource_attribute", "name": "k8s.pod.ip"}]},
-                    {"sources": [{"from": "connection"}]},
-                ],
+            "memory_limiter": {
+                "check_interval": "1s",
+                "limit_percentage": s.memory_limit_percentage,
+                "spike_limit_percentage": s.memory_spike_percentage,
+            },
+            "transform/untrusted": {
+                "error_mode": "ignore",
+                "trace_statements": untrusted_statements(),
+                "log_statements": untrusted_statements(),
+            },
+            "k8s_attributes/proxy": {
+                **_k8s_attributes(s),
+                # The connection's source address only: what a client says about itself
+                # (k8s.pod.uid, k8s.pod.ip) never picks the pod.
+                "pod_association": [{"sources": [{"from": "connection"}]}],
             },
             "resource/lumigo": {"attributes": operator_attributes(s)},
-            "batch/proxy": {
-                "send_batch_size": s.batch_size,
-                "send_batch_max_size": s.batch_max_size,
-                "timeout": s.batch_timeout,
-                "metadata_keys": ["authorization"],
-                "metadata_cardinality_limit": s.max_tenants,
-            },
         },
-        "exporters": {
-            "otlp_http/lumigo": {
-                **_endpoints(s),
-                "auth": {"authenticator": "headers_setter"},
-                "sending_queue": {"sizer": "items", "queue_size": s.queue_items},
-            }
-        },
+        "exporters": {},
         "service": {
-            "extensions": ["headers_setter", "health_check"],
-            "pipelines": {
-                signal: {
-                    "receivers": ["otlp"],
-                    "processors": ["k8s_attributes", "resource/lumigo", "batch/proxy"],
-                    "exporters": ["otlp_http/lumigo"],
-                }
-                for signal in ("traces", "logs")
-            },
+            "extensions": ["bearertokenauth/tenants", "health_check"],
+            "pipelines": {},
             "telemetry": self_telemetry(s),
         },
     }
+    _add_tenant_pipelines(config, active, s)
     if monitored:
         _add_events_pipelines(config, monitored, s)
     return config
+
+
+def _k8s_attributes(s: ProxySettings) -> JSON:
+    return {
+        "auth_type": s.kube_auth,
+        # Data is only forwarded once the pod cache is synced, so that none leaves unenriched
+        # after a restart; a proxy that cannot sync never becomes ready and the rollout keeps
+        # the old pods serving.
+        "wait_for_metadata": True,
+        "wait_for_metadata_timeout": "60s",
+        "extract": k8s_extract(),
+    }
+
+
+def untrusted_statements() -> list[str]:
+    """OTTL (resource context) deleting the identity attributes a client set on its own data."""
+    return [f'delete_matching_keys(resource.attributes, "{_ottl(CLIENT_IDENTITY)}")']
+
+
+def namespace_guard(namespaces: Iterable[str]) -> list[str]:
+    """OTTL (resource context) removing a pod's enrichment when the pod is in none of
+    `namespaces` (namespace names: DNS labels, nothing a regular expression interprets). Without
+    a namespace there is no enrichment: IsMatch of nothing is false, and nothing is deleted."""
+    allowed = "^(?:" + "|".join(sorted(namespaces)) + ")$"
+    namespace = 'resource.attributes["k8s.namespace.name"]'
+    return [
+        f'delete_matching_keys(resource.attributes, "{_ottl(POD_ENRICHMENT)}") '
+        f'where not IsMatch({namespace}, "{allowed}")'
+    ]
+
+
+def _ottl(pattern: str) -> str:
+    """A regular expression as an OTTL string literal's content."""
+    return pattern.replace("\\", "\\\\")
+
+
+def _add_tenant_pipelines(config: JSON, active: list[MonitoredNamespace], s: ProxySettings) -> None:
+    """The proxy: OTLP in, one routed pipeline and exporter per token out (see the module doc).
+
+    Without any tenant the receiver refuses everything and its pipelines end in `nop`."""
+    pipelines = config["service"]["pipelines"]
+    tenants = _tenants(active)
+    if not tenants:
+        config["exporters"]["nop"] = {}
+        for signal in ("traces", "logs"):
+            pipelines[signal] = {"receivers": ["otlp"], "processors": [], "exporters": ["nop"]}
+        return
+    shared = ["memory_limiter", "transform/untrusted", "k8s_attributes/proxy", "resource/lumigo"]
+    for signal in ("traces", "logs"):
+        router = f"routing/{signal}"
+        pipelines[signal] = {
+            "receivers": ["otlp"],
+            "processors": list(shared),
+            "exporters": [router],
+        }
+        table = []
+        for key, (token, _) in tenants.items():
+            condition = f'request["authorization"] == "{SCHEME} {token}"'
+            pipeline = f"{signal}/tenant-{key}"
+            table.append({"context": "request", "condition": condition, "pipelines": [pipeline]})
+            pipelines[pipeline] = {
+                "receivers": [router],
+                "processors": [f"transform/tenant-{key}"],
+                "exporters": [f"otlp_http/tenant-{key}"],
+            }
+        # No default route: a request reaching the router has a known token (the receiver
+        # refused the others).
+        config.setdefault("connectors", {})[router] = {"error_mode": "ignore", "table": table}
+    for key, (token, names) in tenants.items():
+        guard = namespace_guard(names)
+        config["processors"][f"transform/tenant-{key}"] = {
+            "error_mode": "ignore",
+            "trace_statements": guard,
+            "log_statements": guard,
+        }
+        config["exporters"][f"otlp_http/tenant-{key}"] = {
+            **_endpoints(s),
+            "headers": {"Authorization": f"{SCHEME} {token}"},
+            "sending_queue": {
+                "sizer": "bytes",
+                "queue_size": s.tenant_queue_bytes,
+                "batch": {
+                    "sizer": "items",
+                    "flush_timeout": s.batch_timeout,
+                    "min_size": s.batch_size,
+                    "max_size": s.batch_max_size,
+                },
+            },
+        }
+
+
+def _tenants(active: list[MonitoredNamespace]) -> dict[str, tuple[str, list[str]]]:
+    """Tenant key -> (token, its namespaces sorted), in key order. The key names the tenant's
+    components: its first namespace, with a suffix when that namespace has several tokens
+    (workloads opted in by label with different Secrets)."""
+    names_by_token: dict[str, list[str]] = {}
+    for ns in active:
+        names_by_token.setdefault(ns.token, []).append(ns.name)
+    out: dict[str, tuple[str, list[str]]] = {}
+    by_names = sorted((sorted(names), token) for token, names in names_by_token.items())
+    for names, token in by_names:
+        key, n = names[0], 1
+        while key in out:
+            n += 1
+            key = f"{names[0]}-{n}"
+        out[key] = (token, names)
+    return dict(sorted(out.items()))
 
 
 def self_telemetry(s: ProxySettings) -> JSON:
@@ -369,6 +491,11 @@ def _add_events_pipelines(
         "error_mode": "ignore",
         "log_statements": root_owner_reference_statements(),
     }
+    config["processors"]["k8s_attributes/events"] = {
+        **_k8s_attributes(s),
+        # The operator's own records: the UID transform/event_pod copied from the Event.
+        "pod_association": [{"sources": [{"from": "resource_attribute", "name": "k8s.pod.uid"}]}],
+    }
     config["processors"]["batch/events"] = {
         "send_batch_size": s.events_batch_size,
         "timeout": s.events_batch_timeout,
@@ -395,6 +522,12 @@ def _add_events_pipelines(
             {"key": "k8s.namespace.name", "value": ns.name, "action": "upsert"},
             {"key": "k8s.namespace.uid", "value": ns.uid, "action": "upsert"},
         ]
+        # An Event is an object a namespace admin can write, involvedObject and all: the pod it
+        # names must be in the Event's own namespace, or its owners stay off the record.
+        config["processors"][f"transform/only-{ns.name}"] = {
+            "error_mode": "ignore",
+            "log_statements": namespace_guard([ns.name]),
+        }
         config["processors"][f"resource/ns-{ns.name}"] = {
             "attributes": [a for a in ns_attributes if a["value"]]
         }
@@ -409,7 +542,8 @@ def _add_events_pipelines(
                 *redact,
                 "transform/heartbeat",
                 "transform/event_pod",
-                "k8s_attributes",
+                "k8s_attributes/events",
+                f"transform/only-{ns.name}",
                 "transform/root_owner_reference",
                 "resource/lumigo",
                 f"resource/ns-{ns.name}",

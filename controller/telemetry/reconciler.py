@@ -20,13 +20,20 @@ import base64
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from api.constants import CONDITION_TELEMETRY_LEFT_OUT
+from api.constants import (
+    CONDITION_TELEMETRY_LEFT_OUT,
+    DEFAULT_TOKEN_KEY,
+    DEFAULT_TOKEN_SECRET,
+    LABEL_AUTO_TRACE,
+    LABEL_TOKEN_KEY,
+    LABEL_TOKEN_SECRET,
+)
 from api.effective import effective, in_effect, is_active
 from api.lumigo import InvalidSpecError, load_spec
 from controller.lumigo.resources import LUMIGOES
@@ -178,6 +185,10 @@ class TelemetryProxyReconciler:
     resync_period: float = 60.0
     # What the configuration Secret may hold (`fit`).
     max_config_bytes: int = MAX_CONFIG_BYTES
+    # Workload caches by kind (labels kept): workloads opted in by the `lumigo.auto-trace`
+    # label in namespaces without a Lumigo send with the token their labels name, and the proxy
+    # accepts only the tokens it knows.
+    workloads: Mapping[str, Informer] = field(default_factory=dict)
     # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
     # and created again under the same name comes back with a new Lumigo, so a new entry.
     _namespace_uids: dict[str, str] = field(default_factory=dict, init=False)
@@ -201,11 +212,13 @@ class TelemetryProxyReconciler:
             rate_limiter=ItemExponentialFailureRateLimiter(BASE_BACKOFF, MAX_BACKOFF),
         )
         controller.watches(self.lumigoes, to_key, predicate=_relevant_change)
+        for informer in self.workloads.values():
+            controller.watches(informer, to_key, predicate=_opt_in_change)
         return controller
 
     def reconcile(self) -> Result:
         """One pass, then the next one after `resync_period` (token rotations are not watched)."""
-        if not self.lumigoes.has_synced():
+        if not all(i.has_synced() for i in (self.lumigoes, *self.workloads.values())):
             # An empty cache would render "no namespaces" and restart the proxy without them.
             return Result(requeue_after=1.0)
         try:
@@ -236,7 +249,7 @@ class TelemetryProxyReconciler:
         else:
             self._restart_pending = False
             rolled = self._roll(deployment, digest)
-        MONITORED.set(len(namespaces))
+        MONITORED.set(sum(ns.kube_events for ns in namespaces))
         SYNCS.labels("changed" if changed or rolled else "unchanged").inc()
         if changed or rolled:
             log.info(
@@ -251,8 +264,9 @@ class TelemetryProxyReconciler:
         return changed or rolled
 
     def monitored_namespaces(self) -> list[MonitoredNamespace]:
-        """Namespaces whose Lumigo takes effect (`api.effective`), wants events and has a usable
-        token. A failed Secret read raises: it says nothing about the token."""
+        """Namespaces whose Lumigo takes effect (`api.effective`) and has a usable token: the
+        proxy's tenants (it refuses every other token), marked with whether the Lumigo wants
+        events. A failed Secret read raises: it says nothing about the token."""
         by_namespace: dict[str, list[JSON]] = {}
         for obj in self.lumigoes.store.list():
             namespace = str((obj.get("metadata") or {}).get("namespace", ""))
@@ -271,8 +285,7 @@ class TelemetryProxyReconciler:
                 reasons[namespace] = str(err)
                 continue
             infra = spec.infrastructure
-            if not (infra.enabled and infra.kube_events.enabled):
-                continue
+            kube_events = infra.enabled and infra.kube_events.enabled
             ref = spec.lumigo_token.secret_ref
             secret = self.client.get_or_none(SECRETS, ref.name, namespace) if ref.name else None
             problem = token_secret_problem(namespace, ref, secret)
@@ -284,9 +297,37 @@ class TelemetryProxyReconciler:
             uid = self._namespace_uids.get(lumigo_uid) or self._read_namespace_uid(namespace)
             if uid and lumigo_uid:
                 uids[lumigo_uid] = uid  # never "" (not there yet): read it again next time
-            out.append(MonitoredNamespace(namespace, uid, token))
+            out.append(MonitoredNamespace(namespace, uid, token, kube_events=kube_events))
+        covered = {ns.name for ns in out} | set(reasons)
+        out += self._opted_in_tenants(covered, reasons)
         self._namespace_uids = uids  # only namespaces still monitored
         self._report(reasons)
+        return out
+
+    def _opted_in_tenants(
+        self, covered: set[str], reasons: dict[str, str]
+    ) -> list[MonitoredNamespace]:
+        """Tenants of workloads opted in by label where no Lumigo is (`covered`: namespaces a
+        Lumigo decides for): one per distinct (namespace, Secret, key) with a usable token."""
+        wanted: set[tuple[str, str, str]] = set()
+        for informer in self.workloads.values():
+            for obj in informer.store.list():
+                meta = obj.get("metadata") or {}
+                namespace = str(meta.get("namespace", ""))
+                labels = meta.get("labels") or {}
+                if namespace in covered or labels.get(LABEL_AUTO_TRACE, "false") == "false":
+                    continue
+                name = labels.get(LABEL_TOKEN_SECRET) or DEFAULT_TOKEN_SECRET
+                key = labels.get(LABEL_TOKEN_KEY) or DEFAULT_TOKEN_KEY
+                wanted.add((namespace, str(name), str(key)))
+        out = []
+        for namespace, name, key in sorted(wanted):
+            secret = self.client.get_or_none(SECRETS, name, namespace)
+            token = secret_token(secret, key) if secret is not None else None
+            if token is None:
+                reasons[namespace] = f"the token of workloads opted in by label ({name}/{key})"
+                continue
+            out.append(MonitoredNamespace(namespace, "", token, kube_events=False))
         return out
 
     def rendering_settings(self) -> ProxySettings:
@@ -370,7 +411,7 @@ class TelemetryProxyReconciler:
         for namespace, reason in sorted(reasons.items()):
             if self._reported.get(namespace) != reason:
                 log.info(
-                    "namespace left out of Kubernetes events collection",
+                    "namespace left out of the telemetry proxy",
                     extra={"namespace": namespace, "reason": reason},
                 )
         self._reported = reasons
@@ -468,6 +509,18 @@ def owner_reference(deployment: JSON) -> JSON:
         "name": meta.get("name", ""),
         "uid": meta.get("uid", ""),
     }
+
+
+def _opt_in_change(old: JSON | None, new: JSON) -> bool:
+    """Workloads that come, go, or change the labels that opt them in and name their token."""
+    if old is None:
+        return LABEL_AUTO_TRACE in ((new.get("metadata") or {}).get("labels") or {})
+
+    def labels(obj: JSON) -> tuple[Any, ...]:
+        values = (obj.get("metadata") or {}).get("labels") or {}
+        return tuple(values.get(k) for k in (LABEL_AUTO_TRACE, LABEL_TOKEN_SECRET, LABEL_TOKEN_KEY))
+
+    return labels(old) != labels(new)
 
 
 def _relevant_change(old: JSON | None, new: JSON) -> bool:

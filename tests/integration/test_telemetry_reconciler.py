@@ -159,7 +159,8 @@ def test_config_lives_in_a_secret_and_rolls_the_proxy_only_on_change(
     assert reconciler.sync() is False
     assert stored_config(kube, namespace)[1] == version
 
-    # kubeEvents disabled: the namespace's pipeline goes, the proxy rolls once.
+    # kubeEvents disabled: the namespace's events pipeline goes, the proxy rolls once; the
+    # namespace stays a proxy tenant (its tracers' token is accepted, with its own exporter).
     patch = {"spec": {"infrastructure": {"kubeEvents": {"enabled": False}}}}
     kube.merge_patch(LUMIGOES, "lumigo", patch, monitored)
     wait_in_cache(
@@ -170,7 +171,11 @@ def test_config_lives_in_a_secret_and_rolls_the_proxy_only_on_change(
     assert reconciler.sync() is True
     text, _ = stored_config(kube, namespace)
     assert f"k8s_objects/{monitored}" not in receivers(text)
-    assert token not in text
+    config = yaml.safe_load(text)
+    assert f"otlp_http/ns-{monitored}" not in config["exporters"]
+    assert config["extensions"]["bearertokenauth/tenants"]["tokens"] == [token]
+    tenant = config["exporters"][f"otlp_http/tenant-{monitored}"]
+    assert tenant["headers"] == {"Authorization": f"LumigoToken {token}"}
     assert rollout_hash(kube, namespace) == config_hash(text) != first_hash
     assert kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["generation"] == generation + 1
 
@@ -244,7 +249,7 @@ def test_missing_proxy_deployment_is_not_an_error(
     reconciler = make(kube, informer, namespace)
     assert reconciler.sync() is True  # the Secret is written; there is nothing to roll
     text, _ = stored_config(kube, namespace)
-    assert "otlp_http/lumigo" in yaml.safe_load(text)["exporters"]
+    assert "otlp" in yaml.safe_load(text)["receivers"]
     assert reconciler.sync() is False
     # Once the Deployment exists, the next pass rolls it to the stored configuration.
     proxy_deployment(kube, namespace)
@@ -344,3 +349,52 @@ def test_under_olm_the_proxy_pods_are_restarted_and_its_template_is_left_alone(
         assert stored_config(kube, namespace)[1] == version
     finally:
         controller.stop()
+
+
+def test_workloads_opted_in_by_label_without_a_lumigo_are_tenants_with_their_token(
+    kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    """The proxy accepts only the tokens it knows: a workload labelled lumigo.auto-trace=true in
+    a namespace without a Lumigo sends with the token its labels name, so that token is one."""
+    token, other = random_token(), random_token()
+    create_token_secret(kube, monitored, token)
+    create_token_secret(kube, monitored, other, name="team-token")
+    deployments = Informer(kube, Selection(DEPLOYMENTS, namespace=monitored))
+    deployments.start()
+    try:
+        assert deployments.wait_for_sync(30)
+        reconciler = TelemetryProxyReconciler(
+            kube,
+            informer,
+            ProxyTarget(namespace, PROXY_SECRET, PROXY),
+            ProxySettings(origin=Origin(cluster_name="it")),
+            workloads={"Deployment": deployments},
+        )
+        reconciler.sync()
+        assert token not in stored_config(kube, namespace)[0]
+
+        for name, labels in (
+            ("opted-in", {"lumigo.auto-trace": "true"}),
+            ("team", {"lumigo.auto-trace": "true", "lumigo.token-secret": "team-token"}),
+            ("opted-out", {"lumigo.auto-trace": "false", "lumigo.token-secret": "nope"}),
+        ):
+            body = one_container_deployment(name, "python:3.12")
+            body["metadata"]["labels"] = labels
+            kube.create(DEPLOYMENTS, body, monitored)
+        wait_until(lambda: len(deployments.store.list()) == 3, 30, "the Deployments cached")
+        assert reconciler.sync() is True
+        config = yaml.safe_load(stored_config(kube, namespace)[0])
+        assert sorted(config["extensions"]["bearertokenauth/tenants"]["tokens"]) == sorted(
+            [token, other]
+        )
+        assert f"logs/ns-{monitored}" not in config["service"]["pipelines"]  # no events
+
+        # Once the namespace has its own Lumigo (lumigo-credentials), its token decides.
+        create_lumigo(kube, monitored)
+        set_active(kube, monitored)
+        wait_in_cache(informer, monitored, lambda o: bool(o.get("status")))
+        assert reconciler.sync() is True
+        config = yaml.safe_load(stored_config(kube, namespace)[0])
+        assert config["extensions"]["bearertokenauth/tenants"]["tokens"] == [token]
+    finally:
+        deployments.stop()

@@ -676,8 +676,9 @@ def test_a_payload_cut_short_by_a_full_volume_lets_the_pod_start_untraced_and_sa
 PROXY_SELECTOR = "app.kubernetes.io/component=telemetry-proxy"
 
 
-def proxy_metric(product: Product, name: str, exporter: str = "otlp_http/lumigo") -> float:
-    """The sum of one collector metric of `exporter` over the proxy pods (their :8888)."""
+def proxy_metric(product: Product, name: str, exporter: str = "otlp_http/tenant-") -> float:
+    """The sum of one collector metric over the proxy pods (their :8888), for the exporters
+    whose name starts with `exporter` (default: every tenant's)."""
     total = 0.0
     for pod in product.pods(OPERATOR_NS, PROXY_SELECTOR):
         ip = pod["status"].get("podIP")
@@ -686,7 +687,7 @@ def proxy_metric(product: Product, name: str, exporter: str = "otlp_http/lumigo"
         with urllib.request.urlopen(f"http://{ip}:8888/metrics", timeout=10) as resp:
             text = resp.read().decode()
         for line in text.splitlines():
-            if line.startswith(name) and f'exporter="{exporter}"' in line:
+            if line.startswith(name) and f'exporter="{exporter}' in line:
                 total += float(line.rsplit(" ", 1)[1])
     return total
 

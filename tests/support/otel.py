@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import http.client
 import http.server
 import os
 import subprocess
@@ -17,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,7 @@ class Received:
     path: str
     headers: dict[str, str]  # lower-case names
     message: Any
+    at: float = 0.0  # time.time() when it arrived
 
 
 @dataclass
@@ -84,6 +87,8 @@ class SpanSeen:
     name: str
     authorization: str
     attributes: dict[str, Any] = field(default_factory=dict)
+    start: float = 0.0  # the span's start time, s since the epoch
+    arrived: float = 0.0  # when its request reached the sink, s since the epoch
 
 
 @dataclass
@@ -207,7 +212,7 @@ class OTLPSink:
                 )
             if not self.count_only:
                 lower = {k.lower(): v for k, v in headers.items()}
-                self.requests.append(Received(path, lower, message))
+                self.requests.append(Received(path, lower, message, time.time()))
         return 200
 
     def spans(self) -> list[SpanSeen]:
@@ -219,6 +224,8 @@ class OTLPSink:
                 span.name,
                 r.headers.get("authorization", ""),
                 attrs(span.attributes),
+                span.start_time_unix_nano / 1e9,
+                r.at,
             )
             for r in received
             for rs in r.message.resource_spans
@@ -310,27 +317,83 @@ def export_request(
 
 
 def send_traces(
-    port: int, request: trace_service_pb2.ExportTraceServiceRequest, authorization: str | None
+    port: int,
+    request: trace_service_pb2.ExportTraceServiceRequest,
+    authorization: str | None,
+    source: str | None = None,
 ) -> int:
-    """POST one OTLP/HTTP protobuf request to 127.0.0.1:port, as the tracers do."""
+    """POST one OTLP/HTTP protobuf request to 127.0.0.1:port, as the tracers do; from the
+    loopback address `source` when given (the proxy finds pods by the connection's address)."""
     headers = {"Content-Type": "application/x-protobuf"}
     if authorization is not None:
         headers["Authorization"] = authorization
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/traces",
-        data=request.SerializeToString(),
-        headers=headers,
-        method="POST",
+    conn = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=10, source_address=(source, 0) if source else None
     )
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
+        conn.request("POST", "/v1/traces", body=request.SerializeToString(), headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return int(response.status)
+    finally:
+        conn.close()
 
 
-def wait_until_pod_known(port: int, sink: OTLPSink, pod_name: str, timeout: float = 60.0) -> None:
-    """Send probe spans until one reaches the sink enriched with `pod_name`.
+def flood_with_forged_tokens(port: int, requests: int, threads: int = 4) -> Counter[int]:
+    """`requests` OTLP/HTTP requests, each with a random token no Lumigo has, on keep-alive
+    connections from `threads` clients; the statuses the proxy answered, counted."""
+    body = export_request("forged").SerializeToString()
+    statuses: Counter[int] = Counter()
+    lock = threading.Lock()
+
+    def client(count: int) -> None:
+        seen: Counter[int] = Counter()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            for _ in range(count):
+                headers = {
+                    "Content-Type": "application/x-protobuf",
+                    "Authorization": f"LumigoToken {forged_token()}",
+                }
+                try:
+                    conn.request("POST", "/v1/traces", body=body, headers=headers)
+                    response = conn.getresponse()
+                    response.read()
+                    seen[response.status] += 1
+                    if response.will_close:
+                        conn.close()
+                except (OSError, http.client.HTTPException):
+                    seen[0] += 1  # the connection went: a new one for the next request
+                    conn.close()
+        finally:
+            conn.close()
+            with lock:
+                statuses.update(seen)
+
+    share = [requests // threads + (i < requests % threads) for i in range(threads)]
+    workers = [threading.Thread(target=client, args=(n,)) for n in share]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return statuses
+
+
+def forged_token() -> str:
+    """A token-shaped value no Lumigo has."""
+    return f"t_{os.urandom(11).hex()[:21]}"
+
+
+def wait_until_pod_known(
+    port: int,
+    sink: OTLPSink,
+    pod_name: str,
+    authorization: str,
+    timeout: float = 60.0,
+    source: str | None = None,
+) -> None:
+    """Send probe spans (with a token the proxy accepts) until one reaches the sink enriched
+    with `pod_name`.
 
     `wait_for_metadata` makes the collector start only once its pod informer has synced, but the
     processor's own cache is filled by the informer's handler a moment later (a known upstream
@@ -339,7 +402,7 @@ def wait_until_pod_known(port: int, sink: OTLPSink, pod_name: str, timeout: floa
     """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        send_traces(port, export_request("probe"), "LumigoToken probe")
+        send_traces(port, export_request("probe"), authorization, source)
         time.sleep(0.5)
         if any(s.resource.get("k8s.pod.name") == pod_name for s in sink.spans()):
             return

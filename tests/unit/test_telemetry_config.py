@@ -46,25 +46,21 @@ def test_empty_set_renders_the_proxy_only_and_never_null() -> None:
     assert "k8s_leader_elector" not in config["extensions"]
 
 
-def test_proxy_forwards_each_requests_authorization_and_batches_per_tenant() -> None:
-    config = build([], ProxySettings(upstream_endpoint="http://sink.example:4318/"))
+def test_proxy_enriches_then_routes_each_tenant_to_its_own_exporter() -> None:
+    config = build([ns("shop")], ProxySettings(upstream_endpoint="http://sink.example:4318/"))
     http = config["receivers"]["otlp"]["protocols"]["http"]
-    assert http == {"endpoint": "0.0.0.0:4318", "include_metadata": True}
-    exporter = config["exporters"]["otlp_http/lumigo"]
+    assert http["endpoint"] == "0.0.0.0:4318"
+    assert http["include_metadata"] is True  # the router reads the request's Authorization
+    exporter = config["exporters"]["otlp_http/tenant-shop"]
     assert exporter["endpoint"] == "http://sink.example:4318"
-    assert exporter["auth"] == {"authenticator": "headers_setter"}
-    assert "headers" not in exporter  # no token in the proxy part
-    assert exporter["sending_queue"]["sizer"] == "items"  # memory bounded in spans, not requests
-    (header,) = config["extensions"]["headers_setter"]["headers"]
-    assert header["key"] == "Authorization"
-    assert header["from_context"] == "authorization"
-    assert config["processors"]["batch/proxy"]["metadata_keys"] == ["authorization"]
     for signal in ("traces", "logs"):
         processors = config["service"]["pipelines"][signal]["processors"]
-        # k8s attributes need the connection's address: before any batching.
-        assert processors.index("k8s_attributes") < processors.index("batch/proxy")
+        assert processors[0] == "memory_limiter"
+        # k8s attributes need the connection's address: before routing.
+        assert "k8s_attributes/proxy" in processors
+        assert config["service"]["pipelines"][signal]["exporters"] == [f"routing/{signal}"]
     # The Node's provider ID, from the annotation the operator copies it into.
-    assert config["processors"]["k8s_attributes"]["extract"]["annotations"] == [
+    assert config["processors"]["k8s_attributes/proxy"]["extract"]["annotations"] == [
         {"tag_name": "k8s.provider.id", "key": "operator.lumigo.io/provider-id", "from": "node"}
     ]
 
@@ -72,7 +68,10 @@ def test_proxy_forwards_each_requests_authorization_and_batches_per_tenant() -> 
 def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
     config = build([ns("shop", TOKEN_A), ns("billing", TOKEN_B)], ProxySettings())
     pipelines = config["service"]["pipelines"]
-    assert set(pipelines) == {"traces", "logs", "logs/ns-billing", "logs/ns-shop"}
+    assert set(pipelines) == {
+        "traces", "logs", "logs/ns-billing", "logs/ns-shop",
+        "traces/tenant-billing", "logs/tenant-billing", "traces/tenant-shop", "logs/tenant-shop",
+    }  # fmt: skip
     for name, token in (("shop", TOKEN_A), ("billing", TOKEN_B)):
         receiver = config["receivers"][f"k8s_objects/{name}"]
         assert receiver["k8s_leader_elector"] == "k8s_leader_elector"
@@ -94,11 +93,10 @@ def test_logs_can_go_to_their_own_endpoint() -> None:
     logs = "https://logs.example.com/v1/logs"
     settings = ProxySettings(upstream_logs_endpoint=logs)
     exporters = build([ns("shop")], settings)["exporters"]
-    assert exporters["otlp_http/lumigo"]["logs_endpoint"] == logs
+    assert exporters["otlp_http/tenant-shop"]["logs_endpoint"] == logs
     assert exporters["otlp_http/ns-shop"]["logs_endpoint"] == logs
-    assert (
-        "logs_endpoint" not in build([ns("shop")], ProxySettings())["exporters"]["otlp_http/lumigo"]
-    )
+    exporters = build([ns("shop")], ProxySettings())["exporters"]
+    assert "logs_endpoint" not in exporters["otlp_http/tenant-shop"]
 
 
 def test_output_is_deterministic_whatever_the_input_order() -> None:
@@ -171,7 +169,7 @@ def test_no_user_value_is_ever_expanded_by_the_collector() -> None:
 )
 def test_a_bare_logs_host_gets_the_otlp_logs_path(given: str, posted_to: str) -> None:
     exporter = build([ns("shop")], ProxySettings(upstream_logs_endpoint=given))["exporters"]
-    assert exporter["otlp_http/lumigo"]["logs_endpoint"] == posted_to
+    assert exporter["otlp_http/tenant-shop"]["logs_endpoint"] == posted_to
     assert exporter["otlp_http/ns-shop"]["logs_endpoint"] == posted_to
 
 
@@ -206,7 +204,7 @@ def test_events_get_their_root_owner_after_the_pods_owner_chain() -> None:
     config = build([ns], ProxySettings())
     processors = config["service"]["pipelines"]["logs/ns-shop"]["processors"]
     # The pod's UID is copied first, k8s_attributes adds its owners, then the reference is set.
-    order = ["transform/event_pod", "k8s_attributes", "transform/root_owner_reference"]
+    order = ["transform/event_pod", "k8s_attributes/events", "transform/root_owner_reference"]
     assert [p for p in processors if p in order] == order
     assert processors.index("transform/root_owner_reference") < processors.index("batch/events")
     statements = config["processors"]["transform/root_owner_reference"]["log_statements"]
