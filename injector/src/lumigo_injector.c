@@ -21,11 +21,12 @@
  * and the runtimes alike (the design of the OpenTelemetry injector).
  *
  * Why no libc: the same file must load in glibc and musl processes, so it is linked with
- * -nostdlib and has no DT_NEEDED entry. getenv/setenv are WEAK undefined symbols, bound by the
- * dynamic linker to whatever libc the program already uses; in a dynamically linked program
- * without any libc they resolve to NULL and the constructor returns at once. The few system
- * calls it needs (readlinkat, faccessat, write) are made directly. Static binaries never load
- * LD_PRELOAD libraries, so they are never affected.
+ * -nostdlib and has no DT_NEEDED entry. getenv/setenv (and environ, to execute again with a
+ * user's LD_PRELOAD) are WEAK undefined symbols, bound by the dynamic linker to whatever libc the
+ * program already uses; in a dynamically linked program without any libc they resolve to NULL
+ * and the constructor returns at once. The few system calls it needs (readlinkat, faccessat,
+ * openat, read, write, mmap, execve) are made directly. Static binaries never load LD_PRELOAD
+ * libraries, so they are never affected.
  *
  * Every other process (shells, coreutils, Go binaries, ...) sees no change at all. The values a
  * user already set are kept: ours are prepended, and an entry already present is not added
