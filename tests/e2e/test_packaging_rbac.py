@@ -137,6 +137,27 @@ def test_the_webhook_identity_reads_its_serving_secret_and_writes_only_events(
         assert not rbac.can(verb, what, "-n", ns, sa=sa), (verb, what)
 
 
+def test_secure_metrics_reviews_and_the_metrics_reader_role(rbac: Rbac) -> None:
+    """The manager may send the reviews of its secure /metrics and nothing else of them; only a
+    ServiceAccount bound to the shipped metrics-reader ClusterRole may get /metrics."""
+    assert rbac.can("create", "tokenreviews.authentication.k8s.io")
+    assert rbac.can("create", "subjectaccessreviews.authorization.k8s.io")
+    assert not rbac.can("create", "localsubjectaccessreviews.authorization.k8s.io", "-n",
+                        rbac.namespace)  # fmt: skip
+    assert not rbac.can("get", "/metrics")  # the manager itself is no scraper
+    assert not rbac.can("get", "/metrics", sa="prometheus")
+    binding = f"{rbac.fullname}-test-reader"
+    rbac.cluster.kubectl(
+        "create", "clusterrolebinding", binding, f"--clusterrole={rbac.fullname}-metrics-reader",
+        f"--serviceaccount={rbac.namespace}:prometheus",
+    )  # fmt: skip
+    try:
+        assert rbac.can("get", "/metrics", sa="prometheus")
+        assert not rbac.can("list", "pods", "-n", rbac.namespace, sa="prometheus")
+    finally:
+        rbac.cluster.kubectl("delete", "clusterrolebinding", binding, check=False)
+
+
 def test_leader_election_lease_in_the_own_namespace_only(rbac: Rbac) -> None:
     ns = rbac.namespace
     assert rbac.can("create", "leases.coordination.k8s.io", "-n", ns)
