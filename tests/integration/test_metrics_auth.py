@@ -6,19 +6,28 @@ tokens (TokenRequest), the role is the shipped metrics-reader ClusterRole's rule
 
 from __future__ import annotations
 
+import socket
+import ssl
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
+from controller.runtime.health import self_signed_pair
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, ManagerOptions
 from localcluster import LocalCluster
 from localoperator import metrics_reader_token, release_metrics_reader, scrape
+from tests.support.webhook_server import peer_fingerprint
 
 
-def start_manager(kube: KubeClient, namespace: str, *, secure: bool) -> Manager:
+def start_manager(
+    kube: KubeClient, namespace: str, *, secure: bool, cert_dir: Path | None = None
+) -> Manager:
     manager = Manager(
         kube,
         ManagerOptions(
@@ -27,6 +36,7 @@ def start_manager(kube: KubeClient, namespace: str, *, secure: bool) -> Manager:
             health_probe_bind_address="127.0.0.1:0",
             metrics_bind_address="localhost:0",  # another address: a server of its own
             metrics_secure=secure,
+            metrics_cert_dir=str(cert_dir) if cert_dir else None,
             graceful_shutdown_timeout=5,
         ),
     )
@@ -112,3 +122,29 @@ def test_secure_metrics_cannot_share_the_probes_address(kube: KubeClient, namesp
             ManagerOptions(namespace=namespace, health_probe_bind_address=":8081",
                            metrics_bind_address=":8081", metrics_secure=True),
         )  # fmt: skip
+
+
+def test_secure_metrics_serve_the_certificate_of_the_cert_dir(
+    kube: KubeClient, namespace: str, reader: str, tmp_path: Path
+) -> None:
+    """--metrics-cert-dir: tls.crt and tls.key from a directory (e.g. cert-manager's) instead
+    of the self-signed pair made in memory."""
+    cert_pem, key_pem = self_signed_pair(("metrics.example",))
+    (tmp_path / "tls.crt").write_bytes(cert_pem)
+    (tmp_path / "tls.key").write_bytes(key_pem)
+    manager = start_manager(kube, namespace, secure=True, cert_dir=tmp_path)
+    try:
+        assert manager.metrics_server is not None
+        port = manager.metrics_server.port
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            served = peer_fingerprint(tls)
+        assert served == x509.load_pem_x509_certificate(cert_pem).fingerprint(hashes.SHA256())
+        assert scrape(port, secure=True, token=reader)[0] == 200
+    finally:
+        manager.stop()
