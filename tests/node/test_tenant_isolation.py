@@ -50,7 +50,8 @@ def span(name, resource):
             "traceId": secrets.token_hex(16), "spanId": secrets.token_hex(8), "name": name,
             "kind": 2, "startTimeUnixNano": str(now), "endTimeUnixNano": str(now + 1000000)}]}]}]})
 
-conn = http.client.HTTPConnection(host, 80, timeout=30)
+port = int(os.environ.get("PORT", "80"))
+conn = http.client.HTTPConnection(host, port, timeout=30)
 
 def send(token, body):
     global conn
@@ -64,7 +65,7 @@ def send(token, body):
         return response.status
     except (OSError, http.client.HTTPException):
         conn.close()
-        conn = http.client.HTTPConnection(host, 80, timeout=30)
+        conn = http.client.HTTPConnection(host, port, timeout=30)
         return 0
 
 forged = span("forged", {"service.name": "attacker"})
@@ -78,7 +79,7 @@ print(json.dumps({"forged": statuses}), flush=True)
 claims = json.loads(os.environ["CLAIMS"])
 spoofed = send(os.environ["OWN_TOKEN"], span("spoofed", {"service.name": "attacker", **claims}))
 print(json.dumps({"spoofed": spoofed}), flush=True)
-time.sleep(3600)
+time.sleep(float(os.environ.get("LINGER", "3600")))
 """
 
 
