@@ -38,9 +38,10 @@ LEGIT_NS, HOSTILE_NS = "legit", "hostile"
 
 # Runs in the hostile pod (python3 of the python-app image, no package needed): OTLP/HTTP JSON.
 ATTACKER = r"""
-import http.client, json, os, secrets, sys, time
+import http.client, json, os, secrets, socket, sys, time
 
-host = os.environ["PROXY"]
+# Resolved once: a refused request may close the connection, and a lookup per reconnect is slow.
+host = socket.gethostbyname(os.environ["PROXY"])
 
 def span(name, resource):
     now = time.time_ns()
@@ -150,8 +151,13 @@ def test_forged_tokens_neither_block_a_tenant_nor_borrow_another_pods_identity(
     product.kubectl("apply", "-n", HOSTILE_NS, "-f", "-", input=json.dumps(body))
     # The legitimate app starts once 1,000 forged tokens are in (the old batcher's lifetime
     # limit): it is a tenant the proxy has not seen data from yet.
-    wait_for(lambda: any("sent" in line for line in attacker_lines(product)), 300,
-             "the attacker's first 1,000 forged requests")  # fmt: skip
+    try:
+        wait_for(lambda: any("sent" in line for line in attacker_lines(product)), 300,
+                 "the attacker's first 1,000 forged requests")  # fmt: skip
+    except AssertionError as err:
+        pod = get_json(product.cluster, "pod", "attacker", "-n", HOSTILE_NS)
+        logs = product.kubectl("logs", "-n", HOSTILE_NS, "attacker", check=False)
+        raise AssertionError(f"{err}: {pod.get('status')}\n{logs[-3000:]}") from err
     product.kubectl(
         "apply", "-n", LEGIT_NS, "-f", "-",
         input=json.dumps(deployment("flask", product.images["python-app"])),
