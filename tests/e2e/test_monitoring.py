@@ -82,6 +82,13 @@ def review_rules(docs: list[JSON]) -> list[JSON]:
             if {"tokenreviews", "subjectaccessreviews"} & set(r.get("resources", []))]  # fmt: skip
 
 
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, and In expressions) selects `labels`."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions") or [])
+
+
 def test_the_service_monitor_scrapes_secure_metrics_with_a_token() -> None:
     """Secure /metrics by default (issue 28 item 8): the manager may review tokens, the
     metrics-reader ClusterRole is shipped, and the ServiceMonitor scrapes over HTTPS with
@@ -99,6 +106,17 @@ def test_the_service_monitor_scrapes_secure_metrics_with_a_token() -> None:
     docs = load_docs(render_chart("lumigo", "lumigo-system", monitor))
     (endpoint,) = find(docs, "ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["scheme"] == "https"
+    # It selects the metrics Services of both the manager and the webhook (whose metrics the
+    # alerts use), and only Services with a `metrics` port are scraped.
+    selected = [
+        s["metadata"]["name"] for s in docs if s["kind"] == "Service"
+        and selects(find(docs, "ServiceMonitor")["spec"]["selector"], s["metadata"]["labels"])
+        and any(port["name"] == endpoint["port"] for port in s["spec"]["ports"])
+    ]  # fmt: skip
+    assert sorted(selected) == [
+        "lumigo-lumigo-operator-controller-manager-metrics-service",
+        "lumigo-lumigo-operator-webhook-metrics-service",
+    ]
     assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     binding = find(docs, "ClusterRoleBinding", "lumigo-lumigo-operator-metrics-reader")
     assert binding["roleRef"]["name"] == reader["metadata"]["name"]
