@@ -440,6 +440,8 @@ class InstalledOperator(OperatorProcess):
             )
         self.stop()
         release_metrics_reader(self.cluster, self.metrics_reader)
+        if self.webhook is not None:
+            release_metrics_reader(self.cluster, self.webhook.metrics_reader)
         self.release_namespaces(self.app_namespaces)
 
     def log_text(self) -> str:
