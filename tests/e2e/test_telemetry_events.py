@@ -478,10 +478,16 @@ def sensitive_objects(cluster: LocalCluster, kube: KubeClient, namespace: str) -
         },
         namespace,
     )
-    pod = kube.get(PODS, "db-client", namespace)
     debug = {**container("debugger"), "targetContainerName": "app"}
-    pod["spec"]["ephemeralContainers"] = [debug]
-    kube.replace(PODS, pod, namespace, subresource="ephemeralcontainers")
+
+    def with_debugger(pod: JSON) -> JSON:
+        pod["spec"]["ephemeralContainers"] = [debug]
+        return pod
+
+    # (The scheduler and the kubelet write the pod meanwhile: retry on conflict.)
+    kube.update_with_retry(
+        PODS, "db-client", namespace, with_debugger, subresource="ephemeralcontainers"
+    )
     many = [container(f"c{i}", port=9000 + i) for i in range(10)]
     kube.create(
         PODS,

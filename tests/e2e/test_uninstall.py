@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from api import constants
 from controller.lumigo.resources import LUMIGOES
@@ -110,9 +111,14 @@ def test_a_label_opted_in_workload_through_its_life(
         injected_template = app["spec"]["template"]
 
         # An unrelated edit keeps it instrumented.
-        app["spec"]["replicas"] = 2
-        app["spec"]["template"]["metadata"].setdefault("annotations", {})["rev"] = "2"
-        app = kube.replace(DEPLOYMENTS, app, ns)
+        def edit(current: dict[str, Any]) -> dict[str, Any]:
+            current["spec"]["replicas"] = 2
+            current["spec"]["template"]["metadata"].setdefault("annotations", {})["rev"] = "2"
+            return current
+
+        # (The Deployment controller may have written its status since: retry on conflict.)
+        app = kube.update_with_retry(DEPLOYMENTS, "app", ns, edit, current=app)
+        assert app is not None
         assert instrumented(app)
         assert app["spec"]["template"]["metadata"]["annotations"]["rev"] == "2"
 
