@@ -158,32 +158,28 @@ class LumigoSpec:
 
 # A Secret's name and data key are checked as the API server checks them before they ever reach
 # a request path: a name such as "../../kube-system/secrets/x" must be refused here, not resolved.
-_SECRET_NAME = [
-    marshmallow.validate.Length(
-        max=constants.SECRET_NAME_MAX_LENGTH,
-        error=f"must be at most {constants.SECRET_NAME_MAX_LENGTH} characters",
-    ),
-    marshmallow.validate.Regexp(
-        constants.SECRET_NAME_PATTERN,
-        error=(
-            "must be the name of a Secret in the same namespace: lowercase letters, digits, '-'"
-            " and '.', starting and ending with a letter or digit (a DNS-1123 subdomain)"
+def _kubernetes_name(max_length: int, pattern: str, what: str) -> list[Any]:
+    """The validators of a name the API server checks: its length, then its characters."""
+    return [
+        marshmallow.validate.Length(
+            max=max_length, error=f"must be at most {max_length} characters"
         ),
-    ),
-]
-_SECRET_KEY = [
-    marshmallow.validate.Length(
-        max=constants.SECRET_KEY_MAX_LENGTH,
-        error=f"must be at most {constants.SECRET_KEY_MAX_LENGTH} characters",
-    ),
-    marshmallow.validate.Regexp(
-        constants.SECRET_KEY_PATTERN,
-        error=(
-            "must be a key of a Secret's data: letters, digits, '-', '_' and '.', not '.' and"
-            " not starting with '..'"
-        ),
-    ),
-]
+        marshmallow.validate.Regexp(pattern, error=f"must be {what}"),
+    ]
+
+
+_SECRET_NAME = _kubernetes_name(
+    constants.SECRET_NAME_MAX_LENGTH,
+    constants.SECRET_NAME_PATTERN,
+    "the name of a Secret in the same namespace: lowercase letters, digits, '-' and '.',"
+    " starting and ending with a letter or digit (a DNS-1123 subdomain)",
+)
+_SECRET_KEY = _kubernetes_name(
+    constants.SECRET_KEY_MAX_LENGTH,
+    constants.SECRET_KEY_PATTERN,
+    "a key of a Secret's data: letters, digits, '-', '_' and '.', not '.' and not starting"
+    " with '..'",
+)
 
 
 class SecretRefSchema(_ModelSchema):

@@ -268,10 +268,14 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
 
 
 def run(opts: RunOptions) -> int:
-    client = KubeClient.from_env(opts.kubeconfig)
-    manager = build(client, opts)
+    return start(build, opts, "starting")
+
+
+def start(builder: Callable[[KubeClient, RunOptions], Manager], opts: RunOptions, what: str) -> int:
+    """Build a process's manager with a client from the environment, say so, run it."""
+    manager = builder(KubeClient.from_env(opts.kubeconfig), opts)
     log.info(
-        "starting",
+        what,
         extra={"version": opts.operator_version, "namespace": opts.namespace,
                "cert_mode": opts.cert_mode},
     )  # fmt: skip

@@ -10,8 +10,10 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from api import __version__, constants
 from controller.telemetry.agent_config import (
@@ -35,6 +37,16 @@ def parse_duration(text: str) -> float:
             f"invalid duration {text!r}: use a number with an optional unit ms, s, m, h or d"
         )
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _switch(a: Callable[..., Any], flag: str, env: str, default: bool, help: str) -> None:
+    """An on/off flag (`--x`/`--no-x`) whose default comes from `env` when it is set."""
+    a(
+        flag,
+        action=argparse.BooleanOptionalAction,
+        default=_env(env, str(default).lower()).lower() == "true",
+        help=help,
+    )
 
 
 def _env(name: str, default: str) -> str:
@@ -231,11 +243,12 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         help="self mode: the Secret admissions are served from (serving pair and CA "
         "certificates, no CA key), written by the manager (default: <cert-secret>-serving)",
     )
-    a(
+    _switch(
+        a,
         "--serve-webhooks",
-        action=argparse.BooleanOptionalAction,
-        default=_env("LUMIGO_SERVE_WEBHOOKS", "true").lower() == "true",
-        help="`run` also serves admissions; --no-serve-webhooks when a `lumigo-operator "
+        "LUMIGO_SERVE_WEBHOOKS",
+        True,
+        "`run` also serves admissions; --no-serve-webhooks when a `lumigo-operator "
         "webhook` Deployment serves them under its own identity [LUMIGO_SERVE_WEBHOOKS]",
     )
     a(
@@ -293,11 +306,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=_env("TELEMETRY_PROXY_OTLP_SERVICE", d.telemetry_proxy_endpoint),
         help="base URL of the telemetry proxy Service [TELEMETRY_PROXY_OTLP_SERVICE]",
     )
-    a(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=_env("LUMIGO_LEADER_ELECT", "true").lower() == "true",
-    )
+    _switch(a, "--leader-elect", "LUMIGO_LEADER_ELECT", True, "one active controller per cluster")
     a("--leader-election-id", default=d.leader_election_id)
     a("--log-level", default=_env("LUMIGO_LOG_LEVEL", d.log_level), choices=["debug", "info",
       "warning", "error"])  # fmt: skip
@@ -390,11 +399,12 @@ def _add_redaction_flags(parser: argparse.ArgumentParser, d: RunOptions) -> None
 
 def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> None:
     a = parser.add_argument
-    a(
+    _switch(
+        a,
         "--cluster-logs",
-        action=argparse.BooleanOptionalAction,
-        default=_env("LUMIGO_CLUSTER_LOGS", "false").lower() == "true",
-        help="run the cluster agent, a DaemonSet that sends the container log files of every"
+        "LUMIGO_CLUSTER_LOGS",
+        False,
+        "run the cluster agent, a DaemonSet that sends the container log files of every"
         " node [LUMIGO_CLUSTER_LOGS]",
     )
     for which in ("include", "exclude"):
@@ -419,19 +429,21 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
         default=d.cluster_agent_state_dir,
         help="where each node keeps the agent's read offsets and export queue",
     )
-    a(
+    _switch(
+        a,
         "--cluster-metrics",
-        action=argparse.BooleanOptionalAction,
-        default=_env("LUMIGO_CLUSTER_METRICS", "false").lower() == "true",
-        help="the cluster agent also sends each node's kubelet metrics (node, pods, containers)"
+        "LUMIGO_CLUSTER_METRICS",
+        False,
+        "the cluster agent also sends each node's kubelet metrics (node, pods, containers)"
         " [LUMIGO_CLUSTER_METRICS]",
     )
     a("--cluster-metrics-frequency", default=d.cluster_metrics_frequency)
-    a(
+    _switch(
+        a,
         "--cluster-metrics-essential-only",
-        action=argparse.BooleanOptionalAction,
-        default=_env("LUMIGO_CLUSTER_METRICS_ESSENTIAL_ONLY", "false").lower() == "true",
-        help="send only --cluster-metrics-essential-names [LUMIGO_CLUSTER_METRICS_ESSENTIAL_ONLY]",
+        "LUMIGO_CLUSTER_METRICS_ESSENTIAL_ONLY",
+        False,
+        "send only --cluster-metrics-essential-names [LUMIGO_CLUSTER_METRICS_ESSENTIAL_ONLY]",
     )
     a(
         "--cluster-metrics-essential-names",
@@ -440,11 +452,12 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
         help="comma-separated metric names kept by --cluster-metrics-essential-only",
     )
     a("--kubelet-port", type=int, default=d.kubelet_port, help="the kubelets' API port")
-    a(
+    _switch(
+        a,
         "--node-provider-ids",
-        action=argparse.BooleanOptionalAction,
-        default=_env("LUMIGO_NODE_PROVIDER_IDS", "true").lower() == "true",
-        help="annotate each Node with its spec.providerID so that telemetry carries"
+        "LUMIGO_NODE_PROVIDER_IDS",
+        True,
+        "annotate each Node with its spec.providerID so that telemetry carries"
         " k8s.provider.id [LUMIGO_NODE_PROVIDER_IDS]",
     )
     a(

@@ -21,6 +21,7 @@ import logging
 
 from api import constants
 from controller.admission import add_admission, add_injection_mode
+from controller.operator import start
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
 from controller.runtime.kube import KubeClient
@@ -67,11 +68,4 @@ def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
 
 def run_webhook(opts: RunOptions) -> int:
     check_options(opts)
-    client = KubeClient.from_env(opts.kubeconfig)
-    manager = build_webhook(client, opts)
-    log.info(
-        "starting the webhook",
-        extra={"version": opts.operator_version, "namespace": opts.namespace,
-               "cert_mode": opts.cert_mode},
-    )  # fmt: skip
-    return manager.run()
+    return start(build_webhook, opts, "starting the webhook")
