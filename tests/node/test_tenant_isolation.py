@@ -51,7 +51,8 @@ def span(name, resource):
             "traceId": secrets.token_hex(16), "spanId": secrets.token_hex(8), "name": name,
             "kind": 2, "startTimeUnixNano": str(now), "endTimeUnixNano": str(now + 1000000)}]}]}]})
 
-port = int(os.environ.get("PORT", "80"))
+# Not PORT: the python-app image sets PORT=8080 for its Flask app (the proxy's Service is on 80).
+port = int(os.environ.get("PROXY_PORT", "80"))
 conn = http.client.HTTPConnection(host, port, timeout=30)
 
 def send(token, body):
