@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import ssl
 import threading
 import time
 import urllib.error
@@ -31,6 +32,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -183,8 +185,37 @@ def otlp_logs(records: Iterable[JSON], resource: dict[str, str], version: str) -
     }  # fmt: skip
 
 
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
 def http_get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=3) as response:  # noqa: S310 - http:// pod IPs
+    """A component's `/metrics` (`url` is its http:// address). The operator's processes serve
+    it over HTTPS to tokens allowed to `get /metrics` (TokenReview + SubjectAccessReview), with a
+    certificate made in memory, so it is tried first with this pod's ServiceAccount token and
+    without verifying the certificate (the address is a pod IP from the API); the collectors
+    serve plain HTTP, the fallback."""
+    try:
+        token = SERVICE_ACCOUNT_TOKEN.read_text().strip()
+    except OSError:
+        token = ""
+    secure = urllib.request.Request(
+        "https://" + url.removeprefix("http://"),
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+    )
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    try:
+        return _read(secure, unverified)
+    except OSError as tls_error:
+        try:
+            return _read(urllib.request.Request(url), None)  # noqa: S310 - http:// pod IPs
+        except OSError:
+            raise tls_error from None
+
+
+def _read(request: urllib.request.Request, context: ssl.SSLContext | None) -> str:
+    with urllib.request.urlopen(request, timeout=3, context=context) as response:  # noqa: S310
         return str(response.read().decode("utf-8", "replace"))
 
 

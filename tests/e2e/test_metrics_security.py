@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from controller.runtime.kube import KubeClient
+from controller.telemetry import watchdog
 from localcluster import LocalCluster
 from localoperator import OperatorProcess, metrics_reader_token, scrape
 
 
 def test_secure_by_default_and_plain_when_asked(
-    cluster: LocalCluster, kube: KubeClient, crd: Path
+    cluster: LocalCluster,
+    kube: KubeClient,
+    crd: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     op = OperatorProcess(cluster, kube).setup()
     try:
@@ -27,6 +34,12 @@ def test_secure_by_default_and_plain_when_asked(
         assert status == 200, body
         assert "controller_runtime_reconcile_total" in body
         assert scrape(op.metrics_port, secure=False)[0] != 200
+        # The watchdog scrapes it with its own token (HTTPS first, then plain HTTP).
+        token_file = tmp_path / "token"
+        token_file.write_text(op.metrics_token())
+        monkeypatch.setattr(watchdog, "SERVICE_ACCOUNT_TOKEN", token_file)
+        url = f"http://127.0.0.1:{op.metrics_port}/metrics"
+        assert "controller_runtime_reconcile_total" in watchdog.http_get(url)
     finally:
         op.teardown()
 
@@ -37,5 +50,7 @@ def test_secure_by_default_and_plain_when_asked(
         status, body = scrape(plain.metrics_port, secure=False)
         assert status == 200, body
         assert "controller_runtime_reconcile_total" in body
+        plain_url = f"http://127.0.0.1:{plain.metrics_port}/metrics"
+        assert "controller_runtime_reconcile_total" in watchdog.http_get(plain_url)
     finally:
         plain.teardown()
