@@ -335,6 +335,19 @@ def namespace_guard(namespaces: Iterable[str]) -> list[str]:
     ]
 
 
+def namespace_uid_statements(namespaces: Iterable[str], uids: dict[str, str]) -> list[str]:
+    """OTTL (resource context) setting `k8s.namespace.uid` from the pod's namespace, as the
+    reference's enricher does; after `namespace_guard`, so only a namespace of the token's own.
+    Names are DNS labels and UIDs come from the API: nothing to escape."""
+    namespace = 'resource.attributes["k8s.namespace.name"]'
+    return [
+        f'set(resource.attributes["k8s.namespace.uid"], "{uids[name]}") '
+        f'where {namespace} == "{name}"'
+        for name in sorted(namespaces)
+        if uids.get(name)
+    ]
+
+
 def _ottl(pattern: str) -> str:
     """A regular expression as an OTTL string literal's content."""
     return pattern.replace("\\", "\\\\")
@@ -372,8 +385,9 @@ def _add_tenant_pipelines(config: JSON, active: list[MonitoredNamespace], s: Pro
         # No default route: a request reaching the router has a known token (the receiver
         # refused the others).
         config.setdefault("connectors", {})[router] = {"error_mode": "ignore", "table": table}
+    uids = {ns.name: ns.uid for ns in active}
     for key, (token, names) in tenants.items():
-        guard = namespace_guard(names)
+        guard = namespace_guard(names) + namespace_uid_statements(names, uids)
         config["processors"][f"transform/tenant-{key}"] = {
             "error_mode": "ignore",
             "trace_statements": guard,

@@ -181,6 +181,9 @@ def test_spans_reach_upstream_enriched_with_their_own_authorization(
     assert resource["k8s.deployment.uid"] == deployment["metadata"]["uid"]
     assert resource["k8s.cluster.uid"] == cluster_uid
     assert resource["k8s.cluster.name"] == "local-test"
+    # The namespace's UID, as the reference's enricher sets it (the operator knows it).
+    assert resource["k8s.namespace.uid"] == f"uid-{namespace}"
+    assert "k8s.namespace.uid" not in spans["GET /b"].resource
     assert resource["lumigo.k8s_operator.version"] == "dev"
 
 

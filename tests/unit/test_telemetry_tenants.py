@@ -157,3 +157,15 @@ def test_events_find_their_pod_by_uid_and_only_in_their_own_namespace() -> None:
     assert processors.index(guard) < processors.index("transform/root_owner_reference")
     statements = config["processors"][guard]["log_statements"]
     assert any('"^(?:shop)$"' in s for s in statements)
+
+
+def test_the_namespace_uid_is_set_only_for_the_tokens_own_namespaces() -> None:
+    config = build([ns("a-shop"), ns("billing", TOKEN_B)], ProxySettings())
+    statements = config["processors"]["transform/tenant-a-shop"]["trace_statements"]
+    guard = next(i for i, s in enumerate(statements) if s.startswith("delete_matching_keys"))
+    (uid,) = [s for s in statements if "k8s.namespace.uid" in s]
+    assert statements.index(uid) > guard
+    assert '"uid-a-shop"' in uid
+    assert '== "a-shop"' in uid
+    billing = config["processors"]["transform/tenant-billing"]["log_statements"]
+    assert not any("uid-a-shop" in s for s in billing)
