@@ -7,7 +7,10 @@ kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<ui
 
 - `filelog` with the `container` parser (CRI, containerd and Docker formats; a line the runtime
   split into partial records is joined again) and a `recombine` step that joins continuation
-  lines (those starting with whitespace: stack-trace frames) to the record before them;
+  lines (those starting with whitespace: stack-trace frames) to the record before them; a record
+  that looks like a JSON object becomes a map body (`json_parser`), any other stays a string, and
+  every record carries the scope `lumigo-operator.log_file_collector` (`transform`), as the
+  reference sends them;
 - read offsets and the export queue kept in `file_storage` on the node, so a restarted agent
   resumes where it stopped: nothing read twice, nothing skipped, and what was read but not yet
   exported survives a crash;
@@ -50,6 +53,9 @@ from controller.telemetry.config import (
 JSON = dict[str, Any]
 
 DEFAULT_POD_LOGS_DIR = "/var/log/pods"
+# The instrumentation scope of the records read from log files: the name by which the Lumigo
+# backend tells container logs from other logs (the reference's log-file collector sends it).
+LOG_FILE_SCOPE = "lumigo-operator.log_file_collector"
 # Where the pod mounts the node's directories.
 POD_LOGS_MOUNT = "/var/log/pods"
 STATE_MOUNT = "/var/lib/lumigo-cluster-agent"
@@ -268,9 +274,15 @@ def build_agent(s: AgentSettings) -> JSON:
         exporter["logs_endpoint"] = logs_url(
             s.proxy.upstream_logs_endpoint or s.proxy.upstream_endpoint
         )
+        config["processors"]["transform/log_files"] = {
+            "error_mode": "ignore",
+            "log_statements": [
+                {"context": "scope", "statements": [f'set(name, "{LOG_FILE_SCOPE}")']}
+            ],
+        }
         config["service"]["pipelines"]["logs/container-files"] = {
             "receivers": ["filelog"],
-            "processors": processors,
+            "processors": ["transform/log_files", *processors],
             "exporters": ["otlp_http/lumigo"],
         }
     m = s.metrics
@@ -423,6 +435,16 @@ def _filelog(s: AgentSettings) -> JSON:
                 "combine_with": "\n",
                 "force_flush_period": "1s",
                 "max_log_size": "1MiB",
+            },
+            # A record that looks like a JSON object becomes a map body, as the reference sends
+            # it; anything else (plain text, an array, broken or too deeply nested JSON) stays
+            # the string it was, without a log line of the agent's own per failure.
+            {
+                "type": "json_parser",
+                "id": "json-body",
+                "if": 'body matches "^\\\\s*\\\\{"',
+                "parse_to": "body",
+                "on_error": "send_quiet",
             },
         ],
     }
