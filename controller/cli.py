@@ -1,5 +1,5 @@
-"""The `lumigo-operator` command: `run`, `webhook`, `uninstall`, `wait-for-webhook`, `watchdog`,
-`version`.
+"""The `lumigo-operator` command: `run`, `webhook`, `uninstall`, `wait-for-webhook`, `quickstart`,
+`watchdog`, `version`.
 
 Errors exit non-zero with one line that says what went wrong (no stack trace for expected
 failures such as an unreachable API server or a missing kubeconfig).
@@ -55,6 +55,22 @@ def _parser() -> argparse.ArgumentParser:
     wait.add_argument("--kubeconfig", default=None)
     wait.add_argument("--timeout", type=parse_duration, default=180.0)
     wait.add_argument("--log-level", default="info")
+    quickstart = sub.add_parser(
+        "quickstart",
+        help="create or update the `lumigo` Lumigo of each monitoredNamespaces entry (Helm "
+        "post-install/post-upgrade hook); a Lumigo the release did not create is left alone",
+    )
+    quickstart.add_argument(
+        "--settings", required=True,
+        help='JSON list: [{"namespace": "my-app", "tracingEnabled": true, "loggingEnabled": true}]',
+    )  # fmt: skip
+    quickstart.add_argument("--release", required=True, help="the Helm release creating them")
+    quickstart.add_argument("--secret-name", default="lumigo-credentials")
+    quickstart.add_argument("--secret-key", default="token")
+    quickstart.add_argument("--kubeconfig", default=None)
+    quickstart.add_argument("--timeout", type=parse_duration, default=180.0,
+                            help="how long to wait for the Lumigo webhook")  # fmt: skip
+    quickstart.add_argument("--log-level", default="info")
     watchdog = sub.add_parser(
         "watchdog",
         help="report the installation's health (pods, restarts, metrics, events) upstream",
@@ -83,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_webhook(run_options(args))
         if args.command == "wait-for-webhook":
             return _wait_for_webhook(args)
+        if args.command == "quickstart":
+            return _quickstart(args)
         if args.command == "watchdog":
             from controller.telemetry.watchdog_cli import run_watchdog  # noqa: PLC0415
 
@@ -104,6 +122,29 @@ def _wait_for_webhook(args: argparse.Namespace) -> int:
     print(f"lumigo-operator wait-for-webhook: a Lumigo in {args.namespace} is admitted "
           f"(after {took:.1f} s)")  # fmt: skip
     return 0
+
+
+def _quickstart(args: argparse.Namespace) -> int:
+    from controller.lumigo import quickstart  # noqa: PLC0415
+    from controller.lumigo.admission_probe import wait_until_admitted  # noqa: PLC0415
+    from controller.runtime.kube import KubeClient  # noqa: PLC0415
+
+    settings = quickstart.parse_settings(args.settings)
+    client = KubeClient.from_env(args.kubeconfig)
+    report = quickstart.apply(
+        client, settings, release=args.release, secret_name=args.secret_name,
+        secret_key=args.secret_key,
+        before_first_write=lambda ns: wait_until_admitted(client, ns, args.timeout),
+    )  # fmt: skip
+    for verb, namespaces in (("created", report.created), ("updated", report.updated),
+                             ("unchanged", report.unchanged)):  # fmt: skip
+        if namespaces:
+            print(f"lumigo-operator quickstart: {verb} the Lumigo of {', '.join(namespaces)}")
+    for what in report.left_alone:
+        print(f"lumigo-operator quickstart: left alone {what}")
+    for failure in report.failures:
+        print(f"lumigo-operator quickstart: failed: {failure}", file=sys.stderr)
+    return 1 if report.failures else 0
 
 
 def _uninstall(args: argparse.Namespace) -> int:

@@ -18,8 +18,11 @@ from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import ApiError
+from webhook.mutate_handler import ALREADY_EXISTS
 
 log = logging.getLogger("lumigo.admission-probe")
+# The start of the defaulter's one-Lumigo-per-namespace denial (webhook.mutate_handler).
+ALREADY_THERE: Final = ALREADY_EXISTS.partition("{namespace}")[0]
 
 PROBE: Final = {
     "apiVersion": constants.API_VERSION,
@@ -31,7 +34,8 @@ PROBE: Final = {
 
 def wait_until_admitted(client: KubeClient, namespace: str, timeout: float) -> float:
     """Retry a dry-run create of a Lumigo in `namespace` until the webhook admits it; the seconds
-    it took. Any error but "failed calling webhook" (e.g. no permission) is raised at once."""
+    it took. The defaulter's own denial (that namespace already has a Lumigo) means it answered;
+    any other error but "failed calling webhook" (e.g. no permission) is raised at once."""
     started = time.monotonic()
     while True:
         try:
@@ -39,6 +43,8 @@ def wait_until_admitted(client: KubeClient, namespace: str, timeout: float) -> f
                            body=PROBE, retry=False)  # fmt: skip
             return time.monotonic() - started
         except ApiError as err:
+            if ALREADY_THERE in err.message:  # the defaulter answered: that namespace has one
+                return time.monotonic() - started
             if "failed calling webhook" not in err.message:
                 raise
             if time.monotonic() - started > timeout:

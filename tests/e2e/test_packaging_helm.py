@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,32 +439,30 @@ def test_non_default_values_are_rendered() -> None:
     assert "--timeout=300s" in job["spec"]["template"]["spec"]["containers"][0]["command"]
     # Debug keeps the hook Job (and its RBAC) for inspection.
     assert job["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation"
-    # Quick start: the Secret is a release object, the Lumigo a post-install hook.
+    # Quick start: the Secret is a release object; the Lumigo is made by a post-install hook
+    # Job (created, or updated on upgrade, by `lumigo-operator quickstart`), not by Helm.
     secrets = [
         d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "my-lumigo-token"
     ]
     # One in the monitored namespace, one in the release's (cluster collection, checked above).
     assert sorted(d["metadata"]["namespace"] for d in secrets) == ["my-app", "observability"]
     assert all(d["stringData"] == {"lumigo": TOKEN} for d in secrets)
-    lumigo = find(docs, "Lumigo", "lumigo")
-    assert lumigo["metadata"]["namespace"] == "my-app"
-    assert lumigo["metadata"]["annotations"]["helm.sh/hook"] == "post-install"
-    assert lumigo["spec"] == {
-        "lumigoToken": {"secretRef": {"name": "my-lumigo-token", "key": "lumigo"}},
-        "tracing": {"enabled": True},
-        "logging": {"enabled": True},
-    }
-    # Before it (lower weight), a hook Job waits until the API server reaches the defaulter.
-    wait = find(docs, "Job", "acme-tracing-quickstart-hook")
-    assert int(wait["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
-        lumigo["metadata"]["annotations"].get("helm.sh/hook-weight", "0")
-    )
-    command = wait["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command[:3] == ["lumigo-operator", "wait-for-webhook", "--namespace=my-app"]
+    assert not [d for d in docs if d["kind"] == "Lumigo"]
+    job = find(docs, "Job", "acme-tracing-quickstart-hook")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install"
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == [
+        "lumigo-operator", "quickstart",
+        '--settings=[{"loggingEnabled":true,"namespace":"my-app"}]',
+        "--release=lumigo", "--secret-name=my-lumigo-token", "--secret-key=lumigo",
+        "--timeout=240s",
+    ]  # fmt: skip
     role = find(docs, "ClusterRole", "acme-tracing-quickstart-hook")
     assert role["rules"] == [
-        {"apiGroups": ["operator.lumigo.io"], "resources": ["lumigoes"], "verbs": ["create"]}
-    ]
+        {"apiGroups": ["operator.lumigo.io"], "resources": ["lumigoes"],
+         "verbs": ["create", "get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+    ]  # fmt: skip
 
 
 def test_token_appears_only_in_its_secret(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -576,7 +575,7 @@ def test_non_default_render_applies_with_server_side_dry_run(
     manifest = render_chart("lumigo", namespace, non_default_values(namespace))
     out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifest)
     assert "deployment.apps/acme-tracing-controller-manager" in out
-    assert "lumigo.operator.lumigo.io/lumigo" in out
+    assert "job.batch/acme-tracing-quickstart-hook" in out
     assert "secret/my-lumigo-token" in out
     assert TOKEN not in out
 
@@ -797,3 +796,118 @@ def test_helm_uninstall_removes_every_lumigo_and_all_instrumentation(
         for namespace, name in workloads:
             assert clean(kube.get(DEPLOYMENTS, name, namespace)), name
         assert TOKEN_IN_SAMPLE not in op.log_text() + result.stdout + result.stderr
+
+
+# --- quick start: monitoredNamespaces (issue 29 item 5) -----------------------------------
+
+
+def run_quickstart_hook(release: HelmRelease, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The post-install/post-upgrade quick-start Job's logic where Helm ran it (kwok completes
+    its pod without running a container): its command as Helm stored it for the release's
+    current revision, run as a local process under the hook's own ServiceAccount and RBAC."""
+    cluster = release.cluster
+    hook = f"{release.fullname}-quickstart-hook"
+    stored = load_docs(release.helm("get", "hooks", release.name).stdout)
+    hooks = {d["kind"]: d for d in stored if d["metadata"]["name"] == hook}
+    assert set(hooks) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"}
+    assert not [d for d in stored if d["kind"] == "Lumigo"], "the Job makes them, not Helm"
+    pod = hooks["Job"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == hook
+    command = pod["containers"][0]["command"]
+    assert command[:2] == ["lumigo-operator", "quickstart"]
+    rbac = "\n---\n".join(json.dumps(d) for k, d in hooks.items() if k != "Job")
+    cluster.kubectl("apply", "-f", "-", input=rbac)
+    try:
+        kubeconfig = service_account_kubeconfig(cluster, release.namespace, hook,
+                                                tmp_path / "quickstart.kc")  # fmt: skip
+        return run(
+            [str(ROOT / ".venv" / "bin" / "lumigo-operator"), *command[1:],
+             f"--kubeconfig={kubeconfig}"],
+            check=False,
+        )  # fmt: skip
+    finally:
+        cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=rbac)
+
+
+def _flags(kube: KubeClient, namespace: str) -> tuple[bool, bool]:
+    spec = kube.get(LUMIGOES, "lumigo", namespace)["spec"]
+    return spec["tracing"]["enabled"], spec["logging"]["enabled"]
+
+
+def test_helm_quickstart_defaults_upgrades_and_leaves_users_lumigo_alone(
+    full_cluster: LocalCluster, kube: KubeClient, release: HelmRelease, tmp_path: Path
+) -> None:
+    """`monitoredNamespaces` as the reference does it: a `lumigo` Lumigo per namespace with
+    tracing and logging on unless the entry says otherwise; each `helm upgrade` sets on it the
+    flags its entry gives (the others, a user's edits included, are kept); a namespace dropped
+    from the list keeps its Lumigo. Ours on top: a Lumigo the chart did not create (the seed
+    README's sample, labelled `app.kubernetes.io/instance: lumigo` like the release) is never
+    touched, and a namespace that does not exist fails the upgrade before anything changes."""
+    cluster, fullname = full_cluster, release.fullname
+    suffix = uuid.uuid4().hex[:5]
+    plain, tuned, own, dropped = (f"t-qs-{n}-{suffix}" for n in ("plain", "tuned", "own", "gone"))
+    namespaces = [plain, tuned, own, dropped]
+    for name in namespaces:
+        cluster.kubectl("create", "namespace", name)
+    values = tmp_path / "values.yaml"
+
+    def monitor(*entries: dict[str, Any]) -> str:
+        values.write_text(json.dumps({"lumigoToken": {"value": TOKEN},
+                                      "monitoredNamespaces": list(entries)}))  # fmt: skip
+        return str(values)
+
+    def upgrade(check: bool = True) -> subprocess.CompletedProcess[str]:
+        return release.helm("upgrade", release.name, str(CHART), "--wait", "--timeout", "180s",
+                            "--values", str(values), check=check)  # fmt: skip
+
+    users_lumigo = next(d for d in load_file(SAMPLE) if d["kind"] == "Lumigo")
+    deployment = f"{fullname}-controller-manager"
+    try:
+        release.install("--values", monitor(
+            {"namespace": plain}, {"namespace": tuned, "tracingEnabled": False},
+            {"namespace": own, "loggingEnabled": True}, {"namespace": dropped},
+        ))  # fmt: skip
+        with installed_operator(cluster, kube, release.namespace, deployment, tmp_path):
+            users = kube.create(LUMIGOES, users_lumigo, own)
+            result = run_quickstart_hook(release, tmp_path)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert _flags(kube, plain) == (True, True), "the reference's defaults: both on"
+            assert _flags(kube, tuned) == (False, True)
+            assert _flags(kube, dropped) == (True, True)
+            mine = kube.get(LUMIGOES, "lumigo", own)
+            assert mine["spec"] == users["spec"]
+            assert mine["metadata"]["generation"] == users["metadata"]["generation"]
+            assert f"{own}/lumigo" in result.stdout, "says which Lumigo it left alone"
+            # A user's edit of a quick-start Lumigo, on a flag the next values do not give.
+            kube.merge_patch(LUMIGOES, "lumigo", {"spec": {"logging": {"enabled": False}}}, plain)
+            assert TOKEN not in result.stdout + result.stderr
+
+        monitor(
+            {"namespace": plain, "tracingEnabled": False},
+            {"namespace": tuned, "tracingEnabled": True, "loggingEnabled": False},
+            {"namespace": own, "loggingEnabled": True},
+        )  # fmt: skip
+        assert "STATUS: deployed" in upgrade().stdout
+        with installed_operator(cluster, kube, release.namespace, deployment, tmp_path):
+            result = run_quickstart_hook(release, tmp_path)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert _flags(kube, plain) == (False, False), "tracing from the values, logging kept"
+            assert _flags(kube, tuned) == (True, False)
+            assert _flags(kube, dropped) == (True, True), "dropped from the list: left as it is"
+            assert kube.get(LUMIGOES, "lumigo", own)["spec"] == users["spec"]
+
+        # Bad input: a namespace that does not exist. A clear error before anything changes.
+        missing = f"t-qs-missing-{suffix}"
+        monitor({"namespace": plain, "loggingEnabled": True}, {"namespace": missing})
+        failed = upgrade(check=False)
+        assert failed.returncode != 0
+        assert f'monitoredNamespaces: namespace "{missing}" does not exist' in failed.stderr
+        history = json.loads(release.helm("history", release.name, "-o", "json").stdout)
+        assert [h["status"] for h in history] == ["superseded", "deployed"]
+        assert _flags(kube, plain) == (False, False)
+    finally:
+        for name in namespaces:
+            for lumigo in kube.list(LUMIGOES, name)[0]:
+                patch = {"metadata": {"finalizers": None}}
+                kube.merge_patch(LUMIGOES, lumigo["metadata"]["name"], patch, name)
+            cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
