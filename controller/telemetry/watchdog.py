@@ -13,10 +13,21 @@ only (the operator's):
   webhook errors, certificate expiry, export successes/failures and queue size, memory);
 - the namespace's Kubernetes Events not reported before (a BackOff, a FailedScheduling…).
 
-It sends them as OTLP/HTTP log records (JSON encoding, scope `lumigo-operator.watchdog`) to the
-logs endpoint, directly (not through the proxy it watches), with the cluster-collection token,
-read from its Secret at each export (so creating the Secret later turns reporting on). A failed
-export, or no token yet, keeps the records (bounded) for the next pass.
+It sends them as OTLP/HTTP log records (JSON encoding) to the logs endpoint, directly (not
+through the proxy it watches), with the cluster-collection token, read from its Secret at each
+export (so creating the Secret later turns reporting on). A failed export, or no token yet, keeps
+the records (bounded) for the next pass.
+
+On the wire it is the reference's watchdog: the resource names the service
+`lumigo-kubernetes-operator-watchdog` with the operator's version, the cluster's version, name
+and UID (the kube-system namespace's) and the namespace's name and UID; each Event is a record of
+the scope `lumigo-operator.k8s-events` whose body is the Event as the reference shapes it
+(metadata, timestamps, involvedObject, rootOwnerReference, reason, message, source), with the
+Event's time, its name as the record's event name, and Warning as ERROR, Normal as INFO. The root
+owner is walked through the API in this namespace (Pod -> ReplicaSet -> Deployment, Pod -> Job ->
+CronJob); an owner that cannot be read (deleted, no permission) ends the walk at what is known.
+The pod reports (and their metrics) have no equivalent in the reference: they keep a scope of
+their own, `lumigo-operator.watchdog`.
 """
 
 from __future__ import annotations
@@ -32,19 +43,32 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import EVENTS, PODS, SECRETS, ApiError
+from controller.runtime.resources import (
+    EVENTS,
+    JOBS,
+    PODS,
+    REPLICASETS,
+    SECRETS,
+    ApiError,
+    Resource,
+)
+from controller.telemetry.config import TOP_LEVEL_KINDS
+from controller.telemetry.reconciler import namespace_uid
 
 log = logging.getLogger("lumigo.watchdog")
 
 JSON = dict[str, Any]
 
-SCOPE = "lumigo-operator.watchdog"
+SCOPE = "lumigo-operator.watchdog"  # the pod reports (ours alone)
+EVENTS_SCOPE = "lumigo-operator.k8s-events"  # the Events, as the reference's watchdog sends them
+SERVICE_NAME = "lumigo-kubernetes-operator-watchdog"
 # Series of the operator and of the collectors worth reporting (counters and gauges only).
 METRIC_PREFIXES = (
     "lumigo_",
@@ -61,7 +85,16 @@ METRIC_PREFIXES = (
 )
 MAX_SERIES_PER_POD = 300
 MAX_PENDING = 2000  # records kept while the upstream is unreachable
-SEVERITY = {"INFO": 9, "WARN": 13}
+# OTLP severity numbers; an Event's type maps as in the reference (Warning is ERROR).
+SEVERITY = {"INFO": 9, "WARN": 13, "ERROR": 17}
+EVENT_SEVERITY = {"normal": "INFO", "warning": "ERROR"}
+# The owners read to find an Event's root owner (their own owners named in them); the kinds of
+# TOP_LEVEL_KINDS are a root themselves (as the telemetry proxy's root owners).
+OWNER_RESOURCES: dict[str, Resource] = {"Pod": PODS, "ReplicaSet": REPLICASETS, "Job": JOBS}
+MAX_OWNER_DEPTH = 5
+MAX_OWNER_CACHE = 512
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # what the reference sends for a time the Event lacks
 
 
 @dataclass(frozen=True)
@@ -73,6 +106,7 @@ class WatchdogSettings:
     interval: float = 15.0
     metrics_interval: float = 15.0
     resource: dict[str, str] = field(default_factory=dict)  # cluster name, version…
+    cluster_name: str = ""
     own_pod: str = ""  # the watchdog's own pod, left out
 
 
@@ -130,17 +164,163 @@ def select_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def event_report(event: JSON) -> JSON:
-    involved = event.get("involvedObject") or {}
+def _parse_time(value: Any) -> datetime | None:
+    """An API time (`2024-05-01T10:00:00Z`, or a MicroTime with fractions) or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def _format_time(when: datetime | None, micro: bool = False) -> str:
+    if when is None:
+        return GO_ZERO_TIME.replace("Z", ".000000Z") if micro else GO_ZERO_TIME
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def event_times(event: JSON) -> dict[str, datetime | None]:
+    meta = event.get("metadata") or {}
+    series = event.get("series") or {}
     return {
-        "kind": "event",
-        "type": event.get("type", ""),
-        "reason": event.get("reason", ""),
-        "message": event.get("message", ""),
-        "count": int(event.get("count") or 1),
-        "object": f"{involved.get('kind', '')}/{involved.get('name', '')}",
-        "lastTimestamp": event.get("lastTimestamp") or event.get("eventTime") or "",
+        key: _parse_time(value)
+        for key, value in (
+            ("eventTime", event.get("eventTime")),
+            ("lastTimestamp", event.get("lastTimestamp")),
+            ("firstTimestamp", event.get("firstTimestamp")),
+            ("creationTimestamp", meta.get("creationTimestamp")),
+            ("lastObservedTime", series.get("lastObservedTime")),
+        )
     }
+
+
+def event_time(event: JSON) -> datetime | None:
+    """When the Event happened, as the reference dates its record: eventTime, else
+    lastTimestamp, else firstTimestamp, else its creation."""
+    t = event_times(event)
+    return t["eventTime"] or t["lastTimestamp"] or t["firstTimestamp"] or t["creationTimestamp"]
+
+
+def reference(obj: JSON) -> JSON:
+    """`{apiVersion, kind, name, uid}` of an owner reference or an involvedObject."""
+    return {key: str(obj.get(key) or "") for key in ("apiVersion", "kind", "name", "uid")}
+
+
+def event_body(event: JSON, root_owner: JSON) -> JSON:
+    """The record body of an Event, in the reference watchdog's shape and formats (times to the
+    second, `eventTime` to the microsecond). Where the reference sends Go's zero time for a time
+    the Event lacks (Events written through events.k8s.io have no first/last timestamp), the
+    nearest known time is sent; `source` falls back to the reporting component likewise. Added:
+    the Event's name and namespace in `metadata`, and `count`."""
+    meta = event.get("metadata") or {}
+    involved = event.get("involvedObject") or {}
+    source = event.get("source") or {}
+    t = event_times(event)
+    first = t["firstTimestamp"] or t["eventTime"] or t["creationTimestamp"]
+    last = t["lastTimestamp"] or t["lastObservedTime"] or t["eventTime"] or first
+    involved_keys = ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion",
+                     "fieldPath")  # fmt: skip
+    return {
+        "metadata": {key: str(meta.get(key) or "") for key in ("uid", "name", "namespace")},
+        "lastTimestamp": _format_time(last),
+        "eventTime": _format_time(first, micro=True),
+        "creationTimestamp": _format_time(t["creationTimestamp"]),
+        "type": str(event.get("type") or ""),
+        "involvedObject": {key: str(involved.get(key) or "") for key in involved_keys},
+        "rootOwnerReference": root_owner,
+        "reason": str(event.get("reason") or ""),
+        "message": str(event.get("message") or ""),
+        "source": {
+            "component": str(source.get("component") or event.get("reportingComponent") or ""),
+            "host": str(source.get("host") or ""),
+        },
+        "count": int(event.get("count") or (event.get("series") or {}).get("count") or 1),
+    }
+
+
+def event_record(event: JSON, root_owner: JSON) -> JSON:
+    """An Event as a log record: dated by the Event, its name as the record's event name, its
+    type as the severity text and Warning as ERROR (Normal as INFO), as the reference does."""
+    kind = str(event.get("type") or "")
+    when = event_time(event)
+    return {
+        "scope": EVENTS_SCOPE,
+        "time_ns": (when - EPOCH) // timedelta(microseconds=1) * 1000 if when else 0,
+        "severity_text": kind,
+        "severity_number": SEVERITY.get(EVENT_SEVERITY.get(kind.lower(), ""), 0),
+        "event_name": str((event.get("metadata") or {}).get("name") or ""),
+        "body": event_body(event, root_owner),
+        "attributes": {},
+    }
+
+
+@dataclass(eq=False)
+class OwnerResolver:
+    """An Event's root owner, walked through the API in one namespace: each owner's controller
+    reference (else its first), up to a kind of TOP_LEVEL_KINDS or an object without owners.
+    A read that fails (deleted, no permission, a different object under the same name) ends the
+    walk: the root is the farthest reference known."""
+
+    client: KubeClient
+    namespace: str
+    _owners: dict[str, JSON | None] = field(default_factory=dict, init=False)
+
+    def root(self, involved: JSON) -> JSON:
+        ref = reference(involved)
+        namespace = str(involved.get("namespace") or self.namespace)
+        for _ in range(MAX_OWNER_DEPTH):
+            if ref["kind"] in TOP_LEVEL_KINDS or namespace != self.namespace:
+                break
+            known, owner = self._owner(ref)
+            ref = known
+            if owner is None:
+                break
+            ref = owner
+        return ref
+
+    def _owner(self, ref: JSON) -> tuple[JSON, JSON | None]:
+        """(`ref` with its uid filled in when it was read, its owner or None)."""
+        resource = OWNER_RESOURCES.get(ref["kind"])
+        if resource is None or ref["apiVersion"] not in ("", resource.api_version):
+            return ref, None
+        if ref["uid"] and ref["uid"] in self._owners:
+            return ref, self._owners[ref["uid"]]
+        try:
+            obj = self.client.get(resource, ref["name"], self.namespace)
+        except ApiError as err:
+            log.debug("owner not readable", extra={"object": f"{ref['kind']}/{ref['name']}",
+                                                   "error": str(err)})  # fmt: skip
+            return ref, None
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if ref["uid"] and uid != ref["uid"]:
+            return ref, None  # deleted and made again under the same name: not its owner
+        refs = meta.get("ownerReferences") or []
+        chosen = next((r for r in refs if r.get("controller")), refs[0] if refs else None)
+        owner = reference(chosen) if chosen else None
+        if len(self._owners) >= MAX_OWNER_CACHE:
+            self._owners.clear()
+        self._owners[uid] = owner
+        return {**ref, "apiVersion": ref["apiVersion"] or resource.api_version, "uid": uid}, owner
+
+
+def cluster_version(client: KubeClient) -> str:
+    """The API server's gitVersion (as the reference: "unknown" when it cannot be read)."""
+    try:
+        info = client.request("GET", "/version", retry=False)
+    except ApiError:
+        return "unknown"
+    version = info.get("gitVersion") if isinstance(info, dict) else None
+    return str(version) if version else "unknown"
+
+
+def readable_namespace_uid(client: KubeClient, name: str) -> str:
+    """A namespace's UID ("" when it cannot be read)."""
+    try:
+        return namespace_uid(client, name)
+    except ApiError:
+        return ""
 
 
 def any_value(value: Any) -> JSON:
@@ -163,23 +343,32 @@ def key_values(mapping: dict[str, Any]) -> list[JSON]:
 
 
 def otlp_logs(records: Iterable[JSON], resource: dict[str, str], version: str) -> JSON:
-    """An OTLP/HTTP JSON ExportLogsServiceRequest of `records` (each: body, severity, time)."""
-    log_records = [
-        {
+    """An OTLP/HTTP JSON ExportLogsServiceRequest of `records` (each: scope, time, severity,
+    body, attributes, optionally an event name), one scope block per scope, in order."""
+    scopes: dict[str, list[JSON]] = {}
+    observed = str(time.time_ns())
+    for r in records:
+        record = {
             "timeUnixNano": str(r["time_ns"]),
-            "severityNumber": SEVERITY[r["severity"]],
-            "severityText": r["severity"],
+            "observedTimeUnixNano": observed,
+            "severityNumber": r["severity_number"],
+            "severityText": r["severity_text"],
             "body": any_value(r["body"]),
-            "attributes": key_values({"lumigo.watchdog.kind": r["body"]["kind"]}),
+            "attributes": key_values(r["attributes"]),
         }
-        for r in records
-    ]
+        if r.get("event_name"):
+            record["eventName"] = r["event_name"]
+        scopes.setdefault(r["scope"], []).append(record)
+    # The reference's Events scope has no version; ours names the operator's.
     return {
         "resourceLogs": [
             {
                 "resource": {"attributes": key_values(resource)},
-                "scopeLogs": [{"scope": {"name": SCOPE, "version": version},
-                               "logRecords": log_records}],
+                "scopeLogs": [
+                    {"scope": {"name": name, "version": version} if name == SCOPE
+                              else {"name": name}, "logRecords": logs}
+                    for name, logs in scopes.items()
+                ],
             }
         ]
     }  # fmt: skip
@@ -232,6 +421,30 @@ class Watchdog:
     _pending: deque[JSON] = field(default_factory=lambda: deque(maxlen=MAX_PENDING), init=False)
     _last_metrics: float = field(default=float("-inf"), init=False)
     _no_token_logged: bool = field(default=False, init=False)
+    _identity: dict[str, str] = field(default_factory=dict, init=False)
+    _owners: OwnerResolver = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._owners = OwnerResolver(self.client, self.settings.namespace)
+
+    def resource(self) -> dict[str, str]:
+        """The resource of every record, as the reference's watchdog names itself. The cluster's
+        version and the UIDs are read until known (a UID not readable is left out)."""
+        s = self.settings
+        if not self._identity.get("k8s.cluster.uid") or not self._identity.get("k8s.namespace.uid"):
+            self._identity = {
+                "k8s.cluster.version": cluster_version(self.client),
+                "k8s.cluster.uid": readable_namespace_uid(self.client, "kube-system"),
+                "k8s.namespace.uid": readable_namespace_uid(self.client, s.namespace),
+            }
+        identity = {
+            "service.name": SERVICE_NAME,
+            "lumigo.k8s_operator.version": self.version,
+            "k8s.namespace.name": s.namespace,
+            "k8s.cluster.name": s.cluster_name,
+            **{k: v for k, v in self._identity.items() if v},
+        }
+        return {**identity, **s.resource}
 
     def check(self, now: float | None = None) -> list[JSON]:
         """Read the namespace once; the records to send (also queued for `flush`)."""
@@ -260,7 +473,7 @@ class Watchdog:
         if not token:
             return False
         records = list(self._pending)
-        body = json.dumps(otlp_logs(records, self.settings.resource, self.version)).encode()
+        body = json.dumps(otlp_logs(records, self.resource(), self.version)).encode()
         request = urllib.request.Request(  # noqa: S310 - the configured upstream
             self.settings.logs_endpoint,
             data=body,
@@ -326,9 +539,10 @@ class Watchdog:
         self._restarts[uid] = report["restarts"]
         if scrape:
             report["metrics"] = self._scrape(pod)
-        unhealthy = not report["ready"] or restarted
-        return {"time_ns": time.time_ns(), "severity": "WARN" if unhealthy else "INFO",
-                "body": report}  # fmt: skip
+        severity = "WARN" if not report["ready"] or restarted else "INFO"
+        return {"scope": SCOPE, "time_ns": time.time_ns(), "severity_text": severity,
+                "severity_number": SEVERITY[severity], "body": report,
+                "attributes": {"lumigo.watchdog.kind": "pod"}}  # fmt: skip
 
     def _scrape(self, pod: JSON) -> dict[str, float]:
         ip = (pod.get("status") or {}).get("podIP")
@@ -353,6 +567,4 @@ class Watchdog:
         return True
 
     def _event_record(self, event: JSON) -> JSON:
-        report = event_report(event)
-        severity = "WARN" if report["type"] == "Warning" else "INFO"
-        return {"time_ns": time.time_ns(), "severity": severity, "body": report}
+        return event_record(event, self._owners.root(event.get("involvedObject") or {}))

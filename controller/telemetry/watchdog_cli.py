@@ -13,13 +13,6 @@ from controller.telemetry.watchdog import Watchdog, WatchdogSettings
 
 
 def run_watchdog(args: argparse.Namespace) -> int:
-    resource = {
-        "service.name": "lumigo-operator-watchdog",
-        "k8s.namespace.name": args.namespace,
-        "lumigo.k8s_operator.version": args.operator_version,
-    }
-    if args.cluster_name:
-        resource["k8s.cluster.name"] = args.cluster_name
     settings = WatchdogSettings(
         namespace=args.namespace,
         logs_endpoint=logs_url(args.logs_endpoint or DEFAULT_UPSTREAM),
@@ -27,7 +20,7 @@ def run_watchdog(args: argparse.Namespace) -> int:
         token_key=args.token_key,
         interval=args.interval,
         metrics_interval=args.metrics_interval,
-        resource=resource,
+        cluster_name=args.cluster_name or "",
         own_pod=os.environ.get("POD_NAME", ""),
     )
     watchdog = Watchdog(KubeClient.from_env(args.kubeconfig), settings, args.operator_version)
