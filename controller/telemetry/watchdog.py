@@ -93,6 +93,7 @@ EVENT_SEVERITY = {"normal": "INFO", "warning": "ERROR"}
 OWNER_RESOURCES: dict[str, Resource] = {"Pod": PODS, "ReplicaSet": REPLICASETS, "Job": JOBS}
 MAX_OWNER_DEPTH = 5
 MAX_OWNER_CACHE = 512
+IDENTITY_RETRY = 300.0  # seconds between reads of a resource identity not fully known
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # what the reference sends for a time the Event lacks
 
@@ -422,6 +423,7 @@ class Watchdog:
     _last_metrics: float = field(default=float("-inf"), init=False)
     _no_token_logged: bool = field(default=False, init=False)
     _identity: dict[str, str] = field(default_factory=dict, init=False)
+    _identity_read: float = field(default=float("-inf"), init=False)
     _owners: OwnerResolver = field(init=False)
 
     def __post_init__(self) -> None:
@@ -429,9 +431,12 @@ class Watchdog:
 
     def resource(self) -> dict[str, str]:
         """The resource of every record, as the reference's watchdog names itself. The cluster's
-        version and the UIDs are read until known (a UID not readable is left out)."""
+        version and the UIDs are read until known, at most every IDENTITY_RETRY seconds (a UID
+        not readable, e.g. without the permission, is left out)."""
         s = self.settings
-        if not self._identity.get("k8s.cluster.uid") or not self._identity.get("k8s.namespace.uid"):
+        known = self._identity.get("k8s.cluster.uid") and self._identity.get("k8s.namespace.uid")
+        if not known and time.monotonic() - self._identity_read >= IDENTITY_RETRY:
+            self._identity_read = time.monotonic()
             self._identity = {
                 "k8s.cluster.version": cluster_version(self.client),
                 "k8s.cluster.uid": readable_namespace_uid(self.client, "kube-system"),
