@@ -1,5 +1,6 @@
 """Node and cluster metrics on the real node: series per node with `essentialOnly` off and on, by
-source (the kubelet's summary, its cAdvisor endpoint, the node's hostmetrics, kube-state-metrics),
+source (the kubelet's summary, and the scrape jobs: the kubelet's own, cAdvisor and resource
+endpoints, node-exporter, kube-state-metrics and the collector's own metrics),
 and the collectors' and kube-state-metrics' memory as the kubelet itself reports it. Printed,
 never asserted.
 
@@ -53,9 +54,9 @@ def agent_pod(product: Product) -> JSON | None:
 
 def source_of(name: str, resource: JSON) -> str:
     """Which receiver sent a series: the Prometheus scrapes name their job in service.name."""
-    if resource.get("service.name") in ("kube-state-metrics", "kubelet-cadvisor"):
+    if resource.get("service.name"):
         return str(resource["service.name"])
-    return "hostmetrics" if name.startswith("system.") else "kubeletstats"
+    return "kubeletstats"
 
 
 def series_since(product: Product, index: int) -> tuple[set[tuple[Any, ...]], set[str], JSON]:
@@ -133,6 +134,7 @@ def main() -> int:
             "--set", f"clusterCollection.metrics.kubeletPort={product.node.kubelet_port}",
             "--set", f"clusterCollection.metrics.frequency={FREQUENCY:.0f}s",
             "--set", "kubeStateMetrics.install=true",
+            "--set", "clusterCollection.metrics.essentialOnly=false",
         ]  # fmt: skip
         window = FREQUENCY + 1
         results["all"] = measure(product, common, window)

@@ -243,6 +243,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
             token_key=opts.cluster_token_key,
             pod_logs_dir=opts.pod_logs_dir,
             state_dir=opts.cluster_agent_state_dir,
+            node_exporter_image=opts.node_exporter_image,
         ),
         AgentSettings(
             operator_namespace=opts.namespace,

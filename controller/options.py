@@ -130,6 +130,7 @@ class RunOptions:
     cluster_metrics_essential_only: bool = False
     cluster_metrics_essential_names: tuple[str, ...] = ESSENTIAL_METRICS
     kubelet_port: int = 10250
+    node_exporter_image: str = ""
     kube_state_metrics_selector: str = KUBE_STATE_METRICS_SELECTOR
     node_provider_ids: bool = True
     telemetry_upstream_metrics_endpoint: str = ""
@@ -452,6 +453,12 @@ def _add_cluster_logs_flags(parser: argparse.ArgumentParser, d: RunOptions) -> N
         help="comma-separated metric names kept by --cluster-metrics-essential-only",
     )
     a("--kubelet-port", type=int, default=d.kubelet_port, help="the kubelets' API port")
+    a(
+        "--node-exporter-image",
+        default=_env("LUMIGO_NODE_EXPORTER_IMAGE", d.node_exporter_image),
+        help="node-exporter, run in each agent pod for the node's metrics ('' = none)"
+        " [LUMIGO_NODE_EXPORTER_IMAGE]",
+    )
     _switch(
         a,
         "--node-provider-ids",

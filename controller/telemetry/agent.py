@@ -30,6 +30,7 @@ from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.runtime.singlekey import single_key_controller
 from controller.telemetry.agent_config import (
     HOST_ROOT_MOUNT,
+    NODE_EXPORTER_PORT,
     NODE_IP_ENV,
     NODE_NAME_ENV,
     POD_LOGS_MOUNT,
@@ -61,6 +62,11 @@ RESOURCES: JSON = {
     "limits": {"cpu": "500m", "memory": "256Mi"},
 }
 GOMEMLIMIT = "200MiB"
+# node-exporter's, as the reference's chart sets them.
+NODE_EXPORTER_RESOURCES: JSON = {
+    "requests": {"cpu": "10m", "memory": "64Mi"},
+    "limits": {"cpu": "500m", "memory": "128Mi"},
+}
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class AgentTarget:
     token_key: str = "token"
     pod_logs_dir: str = "/var/log/pods"  # the kubelet's podLogsDir on the nodes
     state_dir: str = "/var/lib/lumigo-operator/cluster-agent"  # offsets, on each node
+    # node-exporter, run next to the collector when it sends node metrics ('' = none).
+    node_exporter_image: str = ""
 
     @property
     def secret_name(self) -> str:
@@ -263,14 +271,13 @@ def agent_daemonset(
             m for m in container["volumeMounts"] if m["name"] != "pod-logs"
         ]
         pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != "pod-logs"]
-    if metrics:
-        for name in ("proc", "sys"):
-            pod_spec["containers"][0]["volumeMounts"].append(
-                {"name": f"host-{name}", "mountPath": f"{HOST_ROOT_MOUNT}/{name}", "readOnly": True}
-            )
-            pod_spec["volumes"].append(
-                {"name": f"host-{name}", "hostPath": {"path": f"/{name}", "type": "Directory"}}
-            )
+    if metrics and t.node_exporter_image:
+        pull = collector.get("imagePullPolicy", "IfNotPresent")
+        pod_spec["containers"].append(node_exporter(t.node_exporter_image, pull))
+        pod_spec["volumes"] += [
+            {"name": f"host-{name}", "hostPath": {"path": path, "type": "Directory"}}
+            for name, path in (("proc", "/proc"), ("sys", "/sys"), ("root", "/"))
+        ]
     for key in ("imagePullSecrets", "tolerations", "affinity", "priorityClassName"):
         if pod.get(key):
             pod_spec[key] = pod[key]
@@ -294,4 +301,37 @@ def agent_daemonset(
                 "spec": pod_spec,
             },
         },
+    }
+
+
+def node_exporter(image: str, pull_policy: str) -> JSON:
+    """node-exporter in the agent's pod: the node's figures under Prometheus' names
+    (`node_cpu_seconds_total`, `node_memory_Active_bytes`, ...), read from the host's /proc,
+    /sys and root file system (read-only), served on the pod's loopback only: the collector next
+    to it is its one client. No privilege: /proc and /sys are world-readable, and statfs needs no
+    read access."""
+    return {
+        "name": "node-exporter",
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "args": [
+            f"--path.procfs={HOST_ROOT_MOUNT}/proc",
+            f"--path.sysfs={HOST_ROOT_MOUNT}/sys",
+            f"--path.rootfs={HOST_ROOT_MOUNT}/root",
+            f"--web.listen-address=127.0.0.1:{NODE_EXPORTER_PORT}",
+            "--collector.filesystem.mount-points-exclude=^/(sys|proc|dev|host|etc)($|/)",
+        ],
+        "resources": NODE_EXPORTER_RESOURCES,
+        "securityContext": {
+            "runAsUser": 65534,
+            "runAsGroup": 65534,
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [
+            {"name": f"host-{name}", "mountPath": f"{HOST_ROOT_MOUNT}/{name}", "readOnly": True}
+            for name in ("proc", "sys", "root")
+        ],
     }

@@ -18,11 +18,13 @@ kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<ui
   on the API server grows with pods, not with pods times nodes), and a root owner computed from the
   owner chain (the Deployment above a ReplicaSet, the CronJob above a Job);
 - the node's kubelet metrics (`kubeletstats`: node, pods, containers), with the same enrichment;
-  the kubelet's cAdvisor endpoint and the node's own figures (`hostmetrics` over the host's
-  `/proc` and `/sys`: CPU, memory, load, disks, paging, processes), labelled with the node; and
-  the kube-state-metrics pods **running on this node** (`prometheus` with Kubernetes discovery
-  limited to the node), so each shard is scraped by exactly one agent and no collector scrapes the
-  whole cluster; with `essential_only`, only the listed metric names (`filter`);
+  and, under the reference's Prometheus names and scrape jobs (`prometheus`), the kubelet's own,
+  cAdvisor and resource endpoints, node-exporter in the agent's pod (`node_*`, with a `node`
+  label), the kube-state-metrics pods **running on this node** (Kubernetes discovery limited to
+  the node, so each shard is scraped by exactly one agent and no collector scrapes the whole
+  cluster) and the collector's own `otelcol_*` series, all labelled with the node; with
+  `essential_only`, only the series whose names match the essential regular expressions (a
+  relabel `keep` at the scrape, as the reference does, and `filter` on the kubelet's summary);
 - OTLP/HTTP logs and metrics upstream with the cluster token, which the pod gets from a Secret
   through an environment variable: this configuration holds no secret.
 
@@ -66,42 +68,88 @@ TOKEN_ENV = "LUMIGO_CLUSTER_TOKEN"
 ROOT_OWNER_KIND = "lumigo.k8s.root_owner.kind"
 ROOT_OWNER_NAME = "lumigo.k8s.root_owner.name"
 ROOT_OWNER_UID = "lumigo.k8s.root_owner.uid"
-# What `essentialOnly` keeps by default: CPU, memory, filesystem and network of nodes, pods and
-# containers, as the kubelet reports them (kubeletstats names).
+# What `essentialOnly` keeps by default: the reference's list (what the Lumigo backend's Kubernetes
+# pages are built on). Each entry is a regular expression (RE2) matched against the whole metric
+# name, as a Prometheus relabel `regex` is: `kube_.+_labels` keeps every `kube_<kind>_labels`,
+# and `http_client_*` is `http_client` followed by underscores, not a prefix.
 ESSENTIAL_METRICS = (
-    "k8s.node.cpu.usage",
-    "k8s.node.memory.working_set",
-    "k8s.node.memory.available",
-    "k8s.node.filesystem.usage",
-    "k8s.node.filesystem.capacity",
-    "k8s.node.network.io",
-    "k8s.pod.cpu.usage",
-    "k8s.pod.memory.working_set",
-    "k8s.pod.network.io",
-    "container.cpu.usage",
-    "container.memory.working_set",
-    # cAdvisor (the kubelet's /metrics/cadvisor)
     "container_cpu_usage_seconds_total",
     "container_memory_working_set_bytes",
-    # the node (hostmetrics)
-    "system.cpu.load_average.1m",
-    "system.memory.usage",
-    # the cluster's objects (kube-state-metrics)
-    "kube_pod_status_phase",
-    "kube_pod_container_status_restarts_total",
+    "kube_.+_labels",
+    "kube_cronjob_status_active",
+    "kube_daemonset_status_current_number_scheduled",
+    "kube_daemonset_status_desired_number_scheduled",
     "kube_deployment_spec_replicas",
     "kube_deployment_status_replicas_available",
-    "kube_node_status_condition",
+    "kube_job_owner",
+    "kube_node_status_capacity",
+    "kube_pod_container_info",
+    "kube_pod_container_resource_limits",
+    "kube_pod_container_status_restarts_total",
+    "kube_pod_container_status_ready",
+    "kube_pod_container_status_running",
+    "kube_pod_container_status_terminated_reason",
+    "kube_pod_container_status_waiting_reason",
+    "kube_pod_status_ready",
+    "kube_pod_owner",
+    "kube_pod_status_phase",
+    "kube_replicaset_owner",
+    "kube_statefulset_replicas",
+    "kube_statefulset_status_replicas_ready",
+    "node_cpu_seconds_total",
+    "node_memory_Active_bytes",
+    "kube_deployment_created",
+    "kube_statefulset_created",
+    "kube_daemonset_created",
+    "kube_cronjob_created",
+    "kube_pod_created",
+    "kube_pod_info",
+    "http_client_*",
+    "http_server_*",
+    "otelcol_exporter_*",
+    "otelcol_process_*",
+    "otelcol_processor_*",
+    "otelcol_receiver_*",
+    "otelcol_scraper_*",
+    "lumigo_operator_pod_container_resource_usage_*",
 )
+# The scrape jobs of the node's metrics, named as the reference names them (the backend reads the
+# `job`, i.e. the resource's service.name): the kubelet's own metrics, its cAdvisor and resource
+# endpoints, node-exporter and kube-state-metrics; and the collector's own metrics.
+JOB_KUBELET = "k8s-infra-metrics"
+JOB_CADVISOR = "k8s-infra-metrics-cadvisor"
+JOB_RESOURCES = "k8s-infra-metrics-resources"
+JOB_NODE_EXPORTER = "prometheus-node-exporter"
+JOB_KUBE_STATE_METRICS = "kube-state-metrics"
+JOB_SELF = "lumigo-operator-self-metrics"
+# The kubelet's resource endpoint repeats these cAdvisor series: dropped there.
+RESOURCES_DUPLICATES = (
+    "container_cpu_usage_seconds_total",
+    "container_start_time_seconds",
+    "container_memory_working_set_bytes",
+)
+# Series never sent (scrape bookkeeping, Go runtime, API-server client internals).
+PROMETHEUS_EXCLUDED = (
+    "scrape_.+",
+    "up",
+    "go_.+",
+    "apiserver_.+",
+    "authentication_token_.+",
+    "aggregator_discovery_aggregation_count",
+)
+# node-exporter runs in the agent's pod (`controller.telemetry.agent`), on this port.
+NODE_EXPORTER_PORT = 9100
 NODE_IP_ENV = "K8S_NODE_IP"
-# Where the DaemonSet mounts the node's /proc and /sys (hostmetrics' root_path).
+# Where node-exporter's container has the node's /proc, /sys and / (read-only).
 HOST_ROOT_MOUNT = "/hostfs"
 # The kube-state-metrics pods every agent looks for on its node, and their metrics port's name.
 KUBE_STATE_METRICS_SELECTOR = "app.kubernetes.io/name=kube-state-metrics"
 KUBE_STATE_METRICS_PORT = "http-metrics"
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 _SELECTOR = re.compile(r"^[A-Za-z0-9./_=,!-]{0,316}$")
-_METRIC_NAME = re.compile(r"^[a-z][a-z0-9_.]{0,199}$")
+# An essential-metric pattern: the characters of metric names and of RE2's operators; no quote,
+# space or `$` (nothing that could leave the OTTL string or the relabel regex it is put in).
+_METRIC_PATTERN = re.compile(r"^[A-Za-z0-9_:.*+?|()\[\]{}^,\\-]{1,200}$")
 # A glob over Kubernetes names: the characters of a name plus `*` and `?`. Nothing else may reach
 # a path pattern (no `/`, no `_`, which separates the parts of a pod's log directory, no `{`).
 _PATTERN = re.compile(r"^[a-z0-9.*?-]{1,253}$")
@@ -177,9 +225,7 @@ class MetricsSettings:
                 f"invalid metrics frequency {self.interval!r}: expected a duration such as 15s"
             )
         for name in self.essential:
-            if not _METRIC_NAME.match(name):
-                raise ValueError(f"invalid essential metric name {name!r}: expected e.g. "
-                                 "k8s.pod.cpu.usage")  # fmt: skip
+            _check_pattern(name)
         if not 0 < self.kubelet_port < 65536:
             raise ValueError(f"invalid kubelet port {self.kubelet_port}")
         if not _SELECTOR.match(self.kube_state_metrics_selector):
@@ -208,7 +254,6 @@ class AgentSettings:
     # collector run on a host, as the bench does, reads the host's directories).
     pods_dir: str = POD_LOGS_MOUNT
     state_dir: str = STATE_MOUNT
-    host_root: str = HOST_ROOT_MOUNT  # '' = this machine's own /proc and /sys
 
 
 def render_agent(settings: AgentSettings) -> str:
@@ -294,27 +339,39 @@ def build_agent(s: AgentSettings) -> JSON:
         "Authorization": f"LumigoToken ${{env:{TOKEN_ENV}}}"
     }
     if m.enabled:
-        kubelet = f"${{env:{NODE_IP_ENV}}}:{m.kubelet_port}"
-        receivers = escaped["receivers"]
-        receivers["kubeletstats"]["endpoint"] = f"https://{kubelet}"
-        cadvisor = receivers["prometheus/kubelet"]["config"]["scrape_configs"][0]
-        cadvisor["static_configs"] = [{"targets": [kubelet]}]
-        escaped["processors"]["resource/node"]["attributes"] = [
-            {"key": "k8s.node.name", "value": f"${{env:{NODE_NAME_ENV}}}", "action": "upsert"}
-        ]
-        if m.kube_state_metrics_selector:
-            ksm = receivers["prometheus/kube-state-metrics"]["config"]["scrape_configs"][0]
-            ksm["kubernetes_sd_configs"][0]["selectors"][0]["field"] = (
-                f"spec.nodeName=${{env:{NODE_NAME_ENV}}}"
-            )
+        _add_node_expansions(escaped, m)
     return escaped
 
 
+def _add_node_expansions(escaped: JSON, m: MetricsSettings) -> None:
+    """The node's address and name, from the pod's environment, where the scrapes need them."""
+    kubelet = f"${{env:{NODE_IP_ENV}}}:{m.kubelet_port}"
+    node = f"${{env:{NODE_NAME_ENV}}}"
+    receivers = escaped["receivers"]
+    receivers["kubeletstats"]["endpoint"] = f"https://{kubelet}"
+    escaped["processors"]["resource/node"]["attributes"] = [
+        {"key": "k8s.node.name", "value": node, "action": "upsert"}
+    ]
+    for job in receivers["prometheus/infra"]["config"]["scrape_configs"]:
+        if job["job_name"] in (JOB_KUBELET, JOB_CADVISOR, JOB_RESOURCES):
+            job["static_configs"] = [{"targets": [kubelet]}]
+        elif job["job_name"] == JOB_NODE_EXPORTER:
+            job["static_configs"][0]["labels"] = {"node": node}
+        elif job["job_name"] == JOB_KUBE_STATE_METRICS:
+            job["kubernetes_sd_configs"][0]["selectors"][0]["field"] = f"spec.nodeName={node}"
+
+
 def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
-    """Four metric sources, in three pipelines: the kubelet's summary (per pod and container,
-    enriched with owners like the logs), the node (hostmetrics and the kubelet's cAdvisor
-    endpoint, labelled with the node) and the cluster's objects (the kube-state-metrics shards
-    on this node; their series name the objects themselves, so no pod enrichment)."""
+    """The node's metrics, in three pipelines:
+
+    - `metrics/infra`: what the reference's backend pages read, under its Prometheus names and
+      scrape jobs: the kubelet's own, cAdvisor and resource endpoints, node-exporter (in this
+      pod) and the kube-state-metrics shards on this node; with `essential_only`, a series is
+      dropped at the scrape unless its name matches one of the essential patterns;
+    - `metrics/self`: the collector's own `otelcol_*` series (never filtered by the list);
+    - `metrics/kubelet`: the kubelet's summary (per pod and container), enriched with owners
+      like the logs; with `essential_only`, filtered by the same patterns.
+    """
     m = s.metrics
     in_cluster = s.proxy.kube_auth == "serviceAccount"
     receivers, processors = config["receivers"], config["processors"]
@@ -327,62 +384,114 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
         "insecure_skip_verify": True,
         "metric_groups": ["node", "pod", "container"],
     }
-    host: JSON = {
-        "collection_interval": m.interval,
-        "scrapers": {name: {} for name in ("cpu", "memory", "load", "disk", "paging", "processes")},
-    }
-    if s.host_root:
-        host["root_path"] = s.host_root
-    receivers["hostmetrics"] = host
-    cadvisor: JSON = {
-        "job_name": "kubelet-cadvisor",
-        "scheme": "https",
-        "metrics_path": "/metrics/cadvisor",
-        "scrape_interval": m.interval,
-        "tls_config": {"insecure_skip_verify": True},
-    }
-    if in_cluster:
-        cadvisor["authorization"] = {"credentials_file": SERVICE_ACCOUNT_TOKEN}
-    receivers["prometheus/kubelet"] = {"config": {"scrape_configs": [cadvisor]}}
+    keep = _essential_keep(m)
+    jobs = [_kubelet_job(m, name, path, in_cluster, keep) for name, path in (
+        (JOB_KUBELET, "/metrics"), (JOB_CADVISOR, "/metrics/cadvisor"),
+        (JOB_RESOURCES, "/metrics/resource"))]  # fmt: skip
+    jobs[-1]["metric_relabel_configs"].append(
+        {"source_labels": ["__name__"], "action": "drop", "regex": "|".join(RESOURCES_DUPLICATES)}
+    )
+    jobs.append(_static_job(m, JOB_NODE_EXPORTER, f"127.0.0.1:{NODE_EXPORTER_PORT}", keep))
+    if m.kube_state_metrics_selector:
+        jobs.append(_kube_state_metrics(m, keep))
+    for job in jobs:
+        if not job["metric_relabel_configs"]:
+            del job["metric_relabel_configs"]
+    receivers["prometheus/infra"] = {"config": {"scrape_configs": jobs}}
+    own = _static_job(m, JOB_SELF, f"127.0.0.1:{s.proxy.metrics_port}", [])
+    del own["metric_relabel_configs"]
+    receivers["prometheus/self"] = {"config": {"scrape_configs": [own]}}
     processors["resource/node"] = {"attributes": []}
+    processors["filter/prometheus"] = {
+        "error_mode": "ignore",
+        "metrics": {"metric": [_matches(PROMETHEUS_EXCLUDED)]},
+    }
     exporter = config["exporters"]["otlp_http/lumigo"]
     exporter["metrics_endpoint"] = metrics_url(m.upstream_endpoint or s.proxy.upstream_endpoint)
     head: list[str] = []
     if m.essential_only:
-        names = " or ".join(f'name == "{n}"' for n in m.essential)
         processors["filter/essential"] = {
             "error_mode": "ignore",
-            "metrics": {"metric": [f"not ({names})"]},
+            "metrics": {"metric": [f"not {_matches(m.essential)}"]},
         }
         head = ["filter/essential"]
     tail = [p for p in enrich if p in ("resource/lumigo", "batch")]
-    pipelines = config["service"]["pipelines"]
-    pipelines["metrics/kubelet"] = {
-        "receivers": ["kubeletstats"],
-        "processors": head + enrich,
-        "exporters": ["otlp_http/lumigo"],
-    }
-    pipelines["metrics/node"] = {
-        "receivers": ["hostmetrics", "prometheus/kubelet"],
-        "processors": [*head, "resource/node", *tail],
-        "exporters": ["otlp_http/lumigo"],
-    }
-    if m.kube_state_metrics_selector:
-        receivers["prometheus/kube-state-metrics"] = {
-            "config": {"scrape_configs": [_kube_state_metrics(m)]}
-        }
-        pipelines["metrics/cluster"] = {
-            "receivers": ["prometheus/kube-state-metrics"],
-            "processors": head + tail,
-            "exporters": ["otlp_http/lumigo"],
-        }
+    scraped = ["filter/prometheus", "resource/node", *tail]
+    config["service"]["pipelines"].update({
+        "metrics/kubelet": {"receivers": ["kubeletstats"], "processors": head + enrich,
+                            "exporters": ["otlp_http/lumigo"]},
+        "metrics/infra": {"receivers": ["prometheus/infra"], "processors": scraped,
+                          "exporters": ["otlp_http/lumigo"]},
+        "metrics/self": {"receivers": ["prometheus/self"], "processors": scraped,
+                         "exporters": ["otlp_http/lumigo"]},
+    })  # fmt: skip
 
 
-def _kube_state_metrics(m: MetricsSettings) -> JSON:
+def _check_pattern(name: str) -> None:
+    """An essential-metric entry: a regular expression over metric names (RE2 syntax)."""
+    problem = ""
+    if not _METRIC_PATTERN.match(name):
+        problem = "use the characters of metric names and regular-expression operators"
+    elif "(?" in name:
+        problem = "no groups with flags or look-arounds (RE2 has no look-around)"
+    elif name.endswith("\\") and not name.endswith("\\\\"):
+        problem = "a trailing backslash escapes nothing"
+    else:
+        try:
+            re.compile(name)
+        except re.error as e:
+            problem = str(e)
+    if problem:
+        raise ValueError(
+            f"invalid essential metric pattern {name!r}: {problem} (each entry is a regular "
+            "expression matched against whole metric names, e.g. kube_.+_labels)"
+        )
+
+
+def _essential_keep(m: MetricsSettings) -> list[JSON]:
+    """The scrape-time filter of `essential_only`: Prometheus anchors the joined patterns."""
+    if not m.essential_only:
+        return []
+    return [{"source_labels": ["__name__"], "action": "keep", "regex": "|".join(m.essential)}]
+
+
+def _matches(patterns: tuple[str, ...]) -> str:
+    """An OTTL condition: the metric's whole name matches one of `patterns` (checked ones)."""
+    joined = "|".join(patterns).replace("\\", "\\\\")
+    return f'IsMatch(name, "^(?:{joined})$")'
+
+
+def _kubelet_job(m: MetricsSettings, name: str, path: str, in_cluster: bool,
+                 keep: list[JSON]) -> JSON:  # fmt: skip
+    """A scrape of this node's kubelet (its address is added after escaping)."""
+    job: JSON = {
+        "job_name": name,
+        "scheme": "https",
+        "metrics_path": path,
+        "scrape_interval": m.interval,
+        # Kubelets serve self-signed certificates on most clusters.
+        "tls_config": {"insecure_skip_verify": True},
+        "metric_relabel_configs": list(keep),
+    }
+    if in_cluster:
+        job["authorization"] = {"credentials_file": SERVICE_ACCOUNT_TOKEN}
+    return job
+
+
+def _static_job(m: MetricsSettings, name: str, target: str, keep: list[JSON]) -> JSON:
+    return {
+        "job_name": name,
+        "scrape_interval": m.interval,
+        "static_configs": [{"targets": [target]}],
+        "metric_relabel_configs": list(keep),
+    }
+
+
+def _kube_state_metrics(m: MetricsSettings, keep: list[JSON]) -> JSON:
     """The scrape of the kube-state-metrics pods on this agent's node (the field selector, which
     names the node, is added after escaping)."""
     return {
-        "job_name": "kube-state-metrics",
+        "job_name": JOB_KUBE_STATE_METRICS,
         "scrape_interval": m.interval,
         # Its series carry `namespace`, `pod`, ... labels of their own: keep them as they are.
         "honor_labels": True,
@@ -399,6 +508,7 @@ def _kube_state_metrics(m: MetricsSettings) -> JSON:
                 "action": "keep",
             }
         ],
+        "metric_relabel_configs": list(keep),
     }
 
 

@@ -41,7 +41,6 @@ def agent(tmp_path: Path, namespace: str, sink_url: str, env: dict[str, str]) ->
         proxy=proxy,
         pods_dir=str(tmp_path / "pods"),
         state_dir=str(tmp_path / "state"),
-        host_root="",
     )
     run = tmp_path / "agent"
     run.mkdir()

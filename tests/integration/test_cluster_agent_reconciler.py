@@ -38,9 +38,11 @@ def proxy(kube: KubeClient, namespace: str) -> JSON:
 
 
 def make(
-    kube: KubeClient, namespace: str, *, enabled: bool = True, **settings: Any
-) -> ClusterAgentReconciler:
-    target = AgentTarget(namespace, AGENT, PROXY, "cluster-token", "key", "/logs/pods", "/state")
+    kube: KubeClient, namespace: str, *, enabled: bool = True, node_exporter: str = "",
+    **settings: Any,
+) -> ClusterAgentReconciler:  # fmt: skip
+    target = AgentTarget(namespace, AGENT, PROXY, "cluster-token", "key", "/logs/pods", "/state",
+                         node_exporter_image=node_exporter)  # fmt: skip
     agent = AgentSettings(
         namespace, proxy=ProxySettings(origin=Origin(cluster_name="it")), **settings
     )
@@ -160,18 +162,22 @@ def test_metrics_only_mounts_no_log_directory_and_reads_the_node_ip(
     kube: KubeClient, namespace: str
 ) -> None:
     proxy(kube, namespace)
-    make(kube, namespace, logs=False, metrics=MetricsSettings(enabled=True)).sync()
+    make(kube, namespace, logs=False, metrics=MetricsSettings(enabled=True),
+         node_exporter="node-exporter:test").sync()  # fmt: skip
     pod = kube.get(DAEMONSETS, AGENT, namespace)["spec"]["template"]["spec"]
     assert "pod-logs" not in {v["name"] for v in pod["volumes"]}
-    # The node's /proc and /sys, read-only, for its own figures (hostmetrics).
+    # node-exporter next to the collector, with the node's /proc, /sys and /, read-only.
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert (host["host-proc"], host["host-sys"]) == ("/proc", "/sys")
-    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert (host["host-proc"], host["host-sys"], host["host-root"]) == ("/proc", "/sys", "/")
+    collector, exporter = pod["containers"]
+    assert exporter["image"] == "node-exporter:test"
+    mounts = {m["name"]: m for m in exporter["volumeMounts"]}
     assert mounts["host-proc"] == {"name": "host-proc", "mountPath": "/hostfs/proc",
                                    "readOnly": True}  # fmt: skip
-    assert mounts["host-sys"]["readOnly"] is True
+    assert all(m["readOnly"] for m in mounts.values())
+    assert not [m for m in collector["volumeMounts"] if m["name"].startswith("host-")]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["K8S_NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     config = config_of(kube, namespace)
-    assert set(config["service"]["pipelines"]) == {"metrics/kubelet", "metrics/node",
-                                                   "metrics/cluster"}  # fmt: skip
+    assert set(config["service"]["pipelines"]) == {"metrics/kubelet", "metrics/infra",
+                                                   "metrics/self"}  # fmt: skip

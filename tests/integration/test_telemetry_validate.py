@@ -81,11 +81,7 @@ def test_the_cluster_agent_config_passes_collector_validate(
     settings: AgentSettings, tmp_path: Path
 ) -> None:
     config = tmp_path / "agent.yaml"
-    # The pod's /hostfs (the node's /proc and /sys) is a directory of this machine here.
-    host_root = str(tmp_path) if settings.host_root else ""
-    config.write_text(
-        render_agent(replace(settings, state_dir=str(tmp_path / "state"), host_root=host_root))
-    )
+    config.write_text(render_agent(replace(settings, state_dir=str(tmp_path / "state"))))
     env = {"PATH": "/usr/bin:/bin", "K8S_NODE_NAME": "n", "K8S_NODE_IP": "10.0.0.1",
            "LUMIGO_CLUSTER_TOKEN": "t", "KUBECONFIG": str(tmp_path / "kubeconfig")}  # fmt: skip
     result = subprocess.run(

@@ -40,6 +40,7 @@ IMAGES = (
     "autotrace",
     "telemetry-proxy",
     "kube-state-metrics",
+    "node-exporter",
     "python-app",
     "node-app",
     "jvm-app",
@@ -120,6 +121,7 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
         ("injectorWebhook.lumigoInjector.image", "autotrace"),
         ("telemetryProxy.image", "telemetry-proxy"),
         ("kubeStateMetrics.image", "kube-state-metrics"),
+        ("prometheusNodeExporter.image", "node-exporter"),
     ):
         repository, tag = split_ref(images[name])
         flags += ["--set", f"{key}.repository={repository}", "--set", f"{key}.tag={tag}"]

@@ -8,9 +8,13 @@ restarted: each numbered line must arrive exactly once. A sidecar container, a n
 by pattern and the operator's own namespace send nothing.
 
 Node and cluster metrics (item 2), on by default: the same agent scrapes its node's kubelet
-(summary and cAdvisor), the node itself (hostmetrics) and the chart's kube-state-metrics shard on
-its node; the app's pod and container series arrive enriched, kube-state-metrics' and cAdvisor's
-series of the app's pod arrive with the token, and `essentialOnly` keeps only the listed names.
+(summary and cAdvisor), node-exporter in its pod and the chart's kube-state-metrics shard on its
+node; the app's pod and container series arrive enriched, kube-state-metrics' and cAdvisor's
+series of the app's pod arrive with the token. Issue 29 item 4: under the reference's Prometheus
+names and scrape jobs (`k8s-infra-metrics-cadvisor`, node-exporter's `node_cpu_seconds_total`
+with a `node` label, `kube_pod_owner`, `kube_*_labels`, the collector's `otelcol_*`), and
+`essentialOnly`, on by default as in the reference, keeps the series whose names match its
+regular expressions.
 
 The watchdog (item 4), on by default: installed before its token Secret existed, it reports
 once the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
@@ -19,6 +23,7 @@ once the upgrade creates it, and a crash-looping telemetry proxy shows up in its
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from collections import Counter
@@ -28,7 +33,12 @@ from typing import Any
 
 import pytest
 
-from controller.telemetry.agent_config import ROOT_OWNER_KIND, ROOT_OWNER_NAME, ROOT_OWNER_UID
+from controller.telemetry.agent_config import (
+    ESSENTIAL_METRICS,
+    ROOT_OWNER_KIND,
+    ROOT_OWNER_NAME,
+    ROOT_OWNER_UID,
+)
 from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, get_json
@@ -48,8 +58,10 @@ TOKEN = f"t_{uuid.uuid4().hex[:21]}"
 APP_NS, EXCLUDED_NS = "logs-app", "logs-excluded"
 STATE_DIR = Path("/var/lib/lumigo-operator/cluster-agent")  # the chart's default, on the node
 LINES = 600  # at 20 per second: 30 s of writing, across the agent's restart
-# essentialOnly's list in the test: one name from the kubelet, one from kube-state-metrics
-ESSENTIAL = ("k8s.pod.cpu.usage", "k8s.node.cpu.usage", "kube_pod_status_phase")
+# The reference's scrape jobs (the resource's service.name) and the collector's own.
+CADVISOR_JOB, NODE_EXPORTER_JOB, SELF_JOB = (
+    "k8s-infra-metrics-cadvisor", "prometheus-node-exporter", "lumigo-operator-self-metrics",
+)  # fmt: skip
 LONG = 20_000  # characters: containerd writes it as a partial record, then the rest
 # The app: a multi-line block (continuation lines indented), a long line, numbered lines, then
 # it idles. `TAG` makes every line of this run unique.
@@ -90,6 +102,8 @@ def enable_cluster_logs(product: Product) -> None:
         # Node metrics are on by default; this node's kubelet listens on a port of its own.
         "--set", f"clusterCollection.metrics.kubeletPort={product.node.kubelet_port}",
         "--set", "clusterCollection.metrics.frequency=5s",
+        # Everything first (the reference's default filter comes on in the metrics test).
+        "--set", "clusterCollection.metrics.essentialOnly=false",
         "--set", "kubeStateMetrics.install=true",
     )  # fmt: skip
 
@@ -229,17 +243,37 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     for metric in [m for name in cluster_series for m in about_writer(name)]:
         assert metric.authorization == f"LumigoToken {TOKEN}"
         assert metric.resource["k8s.cluster.name"], metric.resource
-    wait_for(lambda: [m for m in product.sink.metrics() if m.name == "system.memory.usage"],
-             60, "the node's own metrics (hostmetrics)")  # fmt: skip
-    host = [m for m in product.sink.metrics() if m.name.startswith("system.")]
-    assert {m.resource.get("k8s.node.name") for m in host} == {product.node.name}
+    # node-exporter in the agent's pod: the node's figures under Prometheus' names, each point
+    # labelled with the node; cAdvisor's series under the reference's job.
+    node_names = {"node_cpu_seconds_total", "node_memory_Active_bytes"}
+    wait_for(lambda: node_names <= {m.name for m in product.sink.metrics()}, 120,
+             "node-exporter's series")  # fmt: skip
+    for metric in [m for m in product.sink.metrics() if m.name == "node_cpu_seconds_total"]:
+        assert metric.resource["service.name"] == NODE_EXPORTER_JOB
+        assert {p.get("node") for p in metric.points} == {product.node.name}
+        assert {"cpu", "mode"} <= set(metric.points[0])
+    cadvisor = about_writer("container_cpu_usage_seconds_total")
+    assert {m.resource["service.name"] for m in cadvisor} == {CADVISOR_JOB}
+    assert not [m for m in product.sink.metrics() if m.name.startswith("system.")], "hostmetrics"
+    # kube-state-metrics' owner and labels families (its --metric-labels-allowlist).
+    wait_for(lambda: about_writer("kube_pod_owner") and about_writer("kube_pod_labels"), 120,
+             "kube_pod_owner and kube_pod_labels of the app's pod")  # fmt: skip
+    (owner_point, *_) = [p for m in about_writer("kube_pod_owner") for p in m.points
+                         if p.get("pod") == pod["metadata"]["name"]]  # fmt: skip
+    assert owner_point["owner_kind"] == "ReplicaSet"
+    # (kube-state-metrics exposes no kube_*_labels series without an allowlist.)
+    assert [p for m in about_writer("kube_pod_labels") for p in m.points if p.get("uid")]
+    # The collector's own series, under the reference's self-metrics job.
+    wait_for(lambda: [m for m in product.sink.metrics()
+                      if m.name.startswith("otelcol_") and m.resource["service.name"] == SELF_JOB],
+             120, "the agent's own otelcol_* series")  # fmt: skip
 
-    # essentialOnly: after the agents roll, only the listed names arrive.
+    # essentialOnly with the reference's default list (regular expressions matched against
+    # whole names): after the agents roll, only matching series arrive, plus the collector's own.
     before = {p["metadata"]["uid"] for p in agent_pods(product)}
     product.release.helm(
         "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
         "--set", "clusterCollection.metrics.essentialOnly=true",
-        "--set", f"clusterCollection.metrics.essentialMetrics.names={{{','.join(ESSENTIAL)}}}",
     )  # fmt: skip
     rolled = wait_for(
         lambda: (p := agent_ready(product)) and p["metadata"]["uid"] not in before and p,
@@ -247,11 +281,18 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     )  # fmt: skip
     started = rolled["status"]["startTime"]
     seen = len(product.sink.requests)
-    wait_for(lambda: {"k8s.pod.cpu.usage", "kube_pod_status_phase"}
-             <= {m.name for m in product.sink.metrics(since=seen)},
-             120, "essential metrics after the change")  # fmt: skip
-    names = {m.name for m in product.sink.metrics(since=seen)}
-    assert names <= set(ESSENTIAL), (started, names)
+    expected = {"container_cpu_usage_seconds_total", "node_cpu_seconds_total", "kube_pod_owner",
+                "kube_deployment_labels", "kube_pod_status_phase"}  # fmt: skip
+    wait_for(lambda: expected <= {m.name for m in product.sink.metrics(since=seen)},
+             120, "the essential series after the change")  # fmt: skip
+    essential = re.compile(f"^(?:{'|'.join(ESSENTIAL_METRICS)})$")
+    after = product.sink.metrics(since=seen)
+    names = {m.name for m in after if m.resource.get("service.name") != SELF_JOB}
+    assert {n for n in names if not essential.match(n)} == set(), (started, names)
+    assert "kube_deployment_labels" in names
+    assert "kube_pod_created" in names
+    assert "k8s.pod.cpu.usage" not in names
+    assert "node_memory_MemFree_bytes" not in names
 
 
 def test_turning_cluster_collection_off_removes_the_agent(product: Product) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from controller.options import parse_log_rules
+from controller.telemetry.agent import AgentTarget, agent_daemonset
 from controller.telemetry.agent_config import (
+    ESSENTIAL_METRICS,
     ROOT_OWNER_KIND,
     TOKEN_ENV,
     AgentSettings,
@@ -21,6 +25,7 @@ from controller.telemetry.agent_config import (
 from controller.telemetry.config import Origin, ProxySettings
 
 PODS = "/var/log/pods"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def receiver(settings: AgentSettings) -> dict[str, object]:
@@ -141,8 +146,8 @@ def test_kubelet_metrics_have_a_pipeline_of_their_own_with_the_same_enrichment()
     proxy = ProxySettings(upstream_endpoint="https://t.example")
     config = build_agent(AgentSettings("ops", logs=False, metrics=MetricsSettings(enabled=True),
                                        proxy=proxy))  # fmt: skip
-    assert set(config["service"]["pipelines"]) == {"metrics/kubelet", "metrics/node",
-                                                   "metrics/cluster"}  # fmt: skip
+    assert set(config["service"]["pipelines"]) == {"metrics/kubelet", "metrics/infra",
+                                                   "metrics/self"}  # fmt: skip
     assert "filelog" not in config["receivers"]
     pipeline = config["service"]["pipelines"]["metrics/kubelet"]
     assert pipeline["processors"][:2] == ["k8s_attributes", "transform/root_owner"]
@@ -158,22 +163,21 @@ def test_kubelet_metrics_have_a_pipeline_of_their_own_with_the_same_enrichment()
 
 def test_node_and_cluster_metrics_come_from_this_node_only() -> None:
     config = build_agent(AgentSettings("ops", logs=False, metrics=MetricsSettings(enabled=True)))
-    pipelines, receivers = config["service"]["pipelines"], config["receivers"]
-    # The node: hostmetrics over the host's /proc and /sys, cAdvisor of its own kubelet, both
-    # labelled with the node's name (the pod enrichment would not apply).
-    assert pipelines["metrics/node"]["receivers"] == ["hostmetrics", "prometheus/kubelet"]
-    assert pipelines["metrics/node"]["processors"][0] == "resource/node"
+    pipelines = config["service"]["pipelines"]
+    # Every scrape labelled with the node's name (the pod enrichment would not apply).
+    for name in ("metrics/infra", "metrics/self"):
+        assert pipelines[name]["processors"][1] == "resource/node"
+        assert "k8s_attributes" not in pipelines[name]["processors"]
     assert config["processors"]["resource/node"]["attributes"] == [
         {"key": "k8s.node.name", "value": "${env:K8S_NODE_NAME}", "action": "upsert"}
     ]
-    assert receivers["hostmetrics"]["root_path"] == "/hostfs"
-    (cadvisor,) = receivers["prometheus/kubelet"]["config"]["scrape_configs"]
-    assert cadvisor["metrics_path"] == "/metrics/cadvisor"
+    jobs = scrape_jobs(config, "prometheus/infra")
+    cadvisor = jobs["k8s-infra-metrics-cadvisor"]
     assert cadvisor["static_configs"] == [{"targets": ["${env:K8S_NODE_IP}:10250"]}]
     assert cadvisor["authorization"]["credentials_file"].endswith("serviceaccount/token")
     # kube-state-metrics: only the shards on this node (each scraped by one agent), its
-    # metrics port only, its own labels kept, no pod enrichment.
-    (ksm,) = receivers["prometheus/kube-state-metrics"]["config"]["scrape_configs"]
+    # metrics port only, its own labels kept.
+    ksm = jobs["kube-state-metrics"]
     (discovery,) = ksm["kubernetes_sd_configs"]
     assert discovery["selectors"] == [{
         "role": "pod", "label": "app.kubernetes.io/name=kube-state-metrics",
@@ -181,26 +185,23 @@ def test_node_and_cluster_metrics_come_from_this_node_only() -> None:
     }]  # fmt: skip
     assert ksm["relabel_configs"][0]["regex"] == "http-metrics"
     assert ksm["honor_labels"] is True
-    assert "k8s_attributes" not in pipelines["metrics/cluster"]["processors"]
 
 
 def test_no_kube_state_metrics_selector_means_no_cluster_scrape() -> None:
     metrics = MetricsSettings(enabled=True, kube_state_metrics_selector="")
-    config = build_agent(AgentSettings("ops", metrics=metrics, host_root=""))
-    assert "metrics/cluster" not in config["service"]["pipelines"]
-    assert "prometheus/kube-state-metrics" not in config["receivers"]
-    assert "root_path" not in config["receivers"]["hostmetrics"]
+    config = build_agent(AgentSettings("ops", metrics=metrics))
+    assert "kube-state-metrics" not in scrape_jobs(config, "prometheus/infra")
 
 
 def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
     metrics = MetricsSettings(enabled=True, essential_only=True, essential=("a.b", "c.d"),
                               upstream_endpoint="https://m.example/otlp/v1/metrics")  # fmt: skip
     config = build_agent(AgentSettings("ops", metrics=metrics))
+    # (`$$`: the collector reads `$`.)
     assert config["processors"]["filter/essential"]["metrics"]["metric"] == [
-        'not (name == "a.b" or name == "c.d")'
+        'not IsMatch(name, "^(?:a.b|c.d)$$")'
     ]
-    for pipeline in ("metrics/kubelet", "metrics/node", "metrics/cluster"):
-        assert config["service"]["pipelines"][pipeline]["processors"][0] == "filter/essential"
+    assert config["service"]["pipelines"]["metrics/kubelet"]["processors"][0] == "filter/essential"
     assert (
         "filter/essential"
         not in config["service"]["pipelines"]["logs/container-files"]["processors"]
@@ -213,7 +214,7 @@ def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
     ("field", "value", "message"),
     [
         ("interval", "15", "invalid metrics frequency"),
-        ("essential", ('a") or true or ("',), "invalid essential metric name"),
+        ("essential", ('a") or true or ("',), "invalid essential metric pattern"),
         ("kubelet_port", 0, "invalid kubelet port"),
         ("kube_state_metrics_selector", "a=b\n  x: y", "invalid kube-state-metrics selector"),
     ],
@@ -221,3 +222,129 @@ def test_essential_only_keeps_the_listed_names_and_nothing_else() -> None:
 def test_bad_metrics_settings_are_refused(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MetricsSettings(enabled=True, **{field: value})  # type: ignore[arg-type]
+
+
+# Issue 29 item 4: the reference's scrape jobs, names and essential regexes.
+REFERENCE_JOBS = {
+    "k8s-infra-metrics",
+    "k8s-infra-metrics-cadvisor",
+    "k8s-infra-metrics-resources",
+    "kube-state-metrics",
+    "prometheus-node-exporter",
+}
+
+
+def scrape_jobs(config: dict[str, object], receiver: str) -> dict[str, dict[str, object]]:
+    receivers: dict[str, object] = config["receivers"]  # type: ignore[assignment]
+    scrape = receivers[receiver]["config"]["scrape_configs"]  # type: ignore[index]
+    return {job["job_name"]: job for job in scrape}
+
+
+def test_infra_metrics_are_scraped_under_the_reference_job_names() -> None:
+    config = build_agent(AgentSettings("ops", logs=False, metrics=MetricsSettings(enabled=True)))
+    jobs = scrape_jobs(config, "prometheus/infra")
+    assert set(jobs) == REFERENCE_JOBS
+    kubelet = "${env:K8S_NODE_IP}:10250"
+    for name, path in (("k8s-infra-metrics", "/metrics"),
+                       ("k8s-infra-metrics-cadvisor", "/metrics/cadvisor"),
+                       ("k8s-infra-metrics-resources", "/metrics/resource")):  # fmt: skip
+        assert jobs[name]["metrics_path"] == path
+        assert jobs[name]["static_configs"] == [{"targets": [kubelet]}]
+        assert jobs[name]["scheme"] == "https"
+    # The resource endpoint repeats three cAdvisor series: dropped there, as the reference does.
+    (drop,) = jobs["k8s-infra-metrics-resources"]["metric_relabel_configs"]
+    assert drop["action"] == "drop"
+    assert set(drop["regex"].split("|")) == {
+        "container_cpu_usage_seconds_total",
+        "container_start_time_seconds",
+        "container_memory_working_set_bytes",
+    }
+    # node-exporter, in the agent's own pod, labelled with the node's name (`node`).
+    exporter = jobs["prometheus-node-exporter"]
+    assert exporter["static_configs"] == [
+        {"targets": ["127.0.0.1:9100"], "labels": {"node": "${env:K8S_NODE_NAME}"}}
+    ]
+    pipeline = config["service"]["pipelines"]["metrics/infra"]
+    assert pipeline["receivers"] == ["prometheus/infra"]
+    assert pipeline["processors"][0] == "filter/prometheus"
+    # node-exporter replaces hostmetrics (OpenTelemetry names the reference never sends).
+    assert "hostmetrics" not in config["receivers"]
+
+
+def test_the_collectors_own_metrics_are_scraped_and_not_filtered_by_essential_names() -> None:
+    metrics = MetricsSettings(enabled=True, essential_only=True, essential=("node_.+",))
+    config = build_agent(AgentSettings("ops", logs=False, metrics=metrics))
+    (job,) = scrape_jobs(config, "prometheus/self").values()
+    assert job["job_name"] == "lumigo-operator-self-metrics"
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:8888"]}]
+    assert "metric_relabel_configs" not in job
+    pipeline = config["service"]["pipelines"]["metrics/self"]
+    assert pipeline["receivers"] == ["prometheus/self"]
+    assert "filter/essential" not in pipeline["processors"]
+    # Scrape bookkeeping and Go runtime series are never sent.
+    (exclude,) = config["processors"]["filter/prometheus"]["metrics"]["metric"]
+    assert 'IsMatch(name, "^(?:scrape_.+|up|go_.+' in exclude
+
+
+def test_essential_names_are_anchored_regular_expressions_as_in_the_reference() -> None:
+    names = ("kube_.+_labels", "kube_pod_owner", "otelcol_exporter_*", "node_cpu_seconds_total")
+    metrics = MetricsSettings(enabled=True, essential_only=True, essential=names)
+    config = build_agent(AgentSettings("ops", logs=False, metrics=metrics))
+    joined = "kube_.+_labels|kube_pod_owner|otelcol_exporter_*|node_cpu_seconds_total"
+    for name, job in scrape_jobs(config, "prometheus/infra").items():
+        keep = job["metric_relabel_configs"][0]  # type: ignore[index]
+        assert keep == {"source_labels": ["__name__"], "action": "keep", "regex": joined}, name
+    # The other pipelines (the kubelet's summary) get the same match, anchored like Prometheus.
+    (statement,) = config["processors"]["filter/essential"]["metrics"]["metric"]
+    assert statement == f'not IsMatch(name, "^(?:{joined})$$")'
+    pattern = re.compile(f"^(?:{joined})$")
+    assert pattern.match("kube_deployment_labels")
+    assert pattern.match("kube_pod_owner")
+    assert not pattern.match("kube_pod_owner_extra")
+    assert not pattern.match("kube_pod_info")
+    assert not pattern.match("otelcol_exporter_sent_spans"), "anchored: `_*` repeats the `_`"
+
+
+def test_the_default_essential_list_is_the_reference_list() -> None:
+    assert len(ESSENTIAL_METRICS) == 39
+    assert {"kube_.+_labels", "kube_pod_owner", "node_cpu_seconds_total",
+            "node_memory_Active_bytes", "http_client_*",
+            "lumigo_operator_pod_container_resource_usage_*"} <= set(ESSENTIAL_METRICS)  # fmt: skip
+    values = yaml.safe_load((ROOT / "charts/lumigo-operator/values.yaml").read_text())
+    metrics = values["clusterCollection"]["metrics"]
+    assert tuple(metrics["essentialMetrics"]["names"]) == ESSENTIAL_METRICS
+    assert metrics["essentialOnly"] is True
+
+
+def test_kube_state_metrics_exports_the_labels_families() -> None:
+    template = (ROOT / "charts/lumigo-operator/templates/kube-state-metrics.yaml").read_text()
+    assert "--metric-labels-allowlist=" in template
+    values = yaml.safe_load((ROOT / "charts/lumigo-operator/values.yaml").read_text())
+    allow = values["kubeStateMetrics"]["metricLabelsAllowlist"]
+    assert "pods=[pod,namespace]" in allow
+    assert "deployments=[deployment,namespace]" in allow
+
+
+@pytest.mark.parametrize("bad", ["(", "a b", 'a"b', "(?=x)", "a\nb", "", "x" * 201, "a\\"])
+def test_a_bad_essential_pattern_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid essential metric pattern"):
+        MetricsSettings(enabled=True, essential=(bad,))
+
+
+def test_node_exporter_runs_in_the_agent_pod_read_only_and_on_loopback() -> None:
+    target = AgentTarget("ops", "agent", "proxy", "token", node_exporter_image="ne:1")
+    proxy = {"metadata": {"name": "proxy", "uid": "u"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "otelcol", "image": "otelcol:1"}]}}}}  # fmt: skip
+    pod = agent_daemonset(target, proxy, "d", metrics=True)["spec"]["template"]["spec"]
+    collector, exporter = pod["containers"]
+    assert exporter["image"] == "ne:1"
+    assert "--web.listen-address=127.0.0.1:9100" in exporter["args"]
+    assert exporter["securityContext"]["runAsNonRoot"] is True
+    assert all(m["readOnly"] for m in exporter["volumeMounts"])
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert {hosts[m["name"]] for m in exporter["volumeMounts"]} == {"/proc", "/sys", "/"}
+    assert not any(m["name"].startswith("host-") for m in collector["volumeMounts"])
+    # Without node metrics (or without an image) there is no node-exporter.
+    for t, metrics in ((target, False), (AgentTarget("ops", "agent", "proxy", "token"), True)):
+        pod = agent_daemonset(t, proxy, "d", metrics=metrics)["spec"]["template"]["spec"]
+        assert [c["name"] for c in pod["containers"]] == ["otelcol"]
