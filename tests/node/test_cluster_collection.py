@@ -18,6 +18,11 @@ regular expressions.
 
 The watchdog (item 4), on by default: installed before its token Secret existed, it reports
 once the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
+
+Issue 29 items 2 and 3: the log-file records come under the reference's scope
+`lumigo-operator.log_file_collector`, a JSON line as a map body; the watchdog names itself as the
+reference's (`lumigo-kubernetes-operator-watchdog`, the cluster's and namespace's UIDs) and sends
+the kubelet's BackOff Event in the reference's shape, its root owner the proxy's Deployment.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ import pytest
 
 from controller.telemetry.agent_config import (
     ESSENTIAL_METRICS,
+    LOG_FILE_SCOPE,
     ROOT_OWNER_KIND,
     ROOT_OWNER_NAME,
     ROOT_OWNER_UID,
 )
+from controller.telemetry.watchdog import EVENTS_SCOPE, SERVICE_NAME
 from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, get_json
@@ -63,12 +70,13 @@ CADVISOR_JOB, NODE_EXPORTER_JOB, SELF_JOB = (
     "k8s-infra-metrics-cadvisor", "prometheus-node-exporter", "lumigo-operator-self-metrics",
 )  # fmt: skip
 LONG = 20_000  # characters: containerd writes it as a partial record, then the rest
-# The app: a multi-line block (continuation lines indented), a long line, numbered lines, then
-# it idles. `TAG` makes every line of this run unique.
+# The app: a multi-line block (continuation lines indented), a long line, a JSON line, numbered
+# lines, then it idles. `TAG` makes every line of this run unique.
 SCRIPT = """
-import os, sys, time
+import json, os, sys, time
 tag, lines = os.environ["TAG"], int(os.environ["LINES"])
 print(f"{tag} block-start\\n  frame one\\n  frame two", flush=True)
+print(json.dumps({"message": f"{tag} structured", "level": "info", "n": 7}), flush=True)
 print(f"{tag} long " + "x" * int(os.environ["LONG"]), flush=True)
 for i in range(lines):
     print(f"{tag} line-{i}", flush=True)
@@ -181,6 +189,13 @@ def test_container_log_files_arrive_once_each_with_their_owners(product: Product
     assert block.body == f"{tag} block-start\n  frame one\n  frame two"
     (long,) = [r for r in records if " long " in r.body]
     assert long.body == f"{tag} long " + "x" * LONG
+    # A JSON line is a map body, as the reference sends it; plain lines stay strings; all under
+    # the reference's scope.
+    (structured,) = [r for r in product.sink.logs() if isinstance(r.body, dict)
+                     and r.body.get("message") == f"{tag} structured"]  # fmt: skip
+    assert structured.body == {"message": f"{tag} structured", "level": "info", "n": 7}
+    records.append(structured)
+    assert {r.scope for r in records} == {LOG_FILE_SCOPE}
 
     # Enrichment and tenancy, on every record of the app.
     owner = get_json(product.cluster, "deployment", "writer", "-n", APP_NS)["metadata"]
@@ -200,7 +215,7 @@ def test_container_log_files_arrive_once_each_with_their_owners(product: Product
         assert r["k8s.cluster.name"], "the cluster's name is on every record"
 
     # Nothing from the excluded namespace, the sidecar or the operator's namespace.
-    everything = [r for r in product.sink.logs() if r.scope != WATCHDOG_SCOPE]
+    everything = [r for r in product.sink.logs() if r.scope == LOG_FILE_SCOPE]
     assert not [r for r in everything if r.resource.get("k8s.namespace.name") == EXCLUDED_NS]
     assert not [r for r in everything if r.resource.get("k8s.container.name") == "chatty"]
     assert not [r for r in everything if r.resource.get("k8s.namespace.name") == OPERATOR_NS]
@@ -331,7 +346,16 @@ def test_the_watchdog_reports_a_crash_looping_proxy(product: Product) -> None:
     wait_for(lambda: watchdog_pods(product, "telemetry-proxy"), 120, "a watchdog record")
     records = [r for r in product.sink.logs() if r.scope == WATCHDOG_SCOPE]
     assert {r.authorization for r in records} == {f"LumigoToken {TOKEN}"}
-    assert records[0].resource["k8s.namespace.name"] == OPERATOR_NS
+    # Named as the reference's watchdog, with the cluster's and the namespace's identity (its
+    # RBAC lets it read both UIDs).
+    namespaces = {n: get_json(product.cluster, "namespace", n)["metadata"]["uid"]
+                  for n in ("kube-system", OPERATOR_NS)}  # fmt: skip
+    resource = records[0].resource
+    assert resource["service.name"] == SERVICE_NAME
+    assert resource["k8s.namespace.name"] == OPERATOR_NS
+    assert resource["k8s.namespace.uid"] == namespaces[OPERATOR_NS]
+    assert resource["k8s.cluster.uid"] == namespaces["kube-system"]
+    assert resource["k8s.cluster.version"].startswith("v1.")
 
     def scraped(component: str, prefix: str) -> list[JSON]:
         """Records of `component` whose scraped metrics have a series named `prefix…` (a pod
@@ -363,12 +387,23 @@ def test_the_watchdog_reports_a_crash_looping_proxy(product: Product) -> None:
     (report, *_) = wait_for(crash_looping, 180, "the crash-looping proxy in the watchdog's data")
     assert report["phase"] == "Running"
 
-    def backoff_events() -> list[JSON]:
+    def backoff_events() -> list[LogSeen]:
         return [
-            r.body for r in product.sink.logs()
-            if r.scope == WATCHDOG_SCOPE and r.body.get("kind") == "event"
-            and r.body["reason"] == "BackOff" and r.body["object"] == f"Pod/{report['pod']}"
+            r for r in product.sink.logs()
+            if r.scope == EVENTS_SCOPE and r.resource.get("service.name") == SERVICE_NAME
+            and r.body["reason"] == "BackOff"
+            and r.body["involvedObject"]["name"] == report["pod"]
         ]  # fmt: skip
 
-    wait_for(backoff_events, 180, "the kubelet's BackOff Event in the watchdog's data")
+    (backoff, *_) = wait_for(backoff_events, 180, "the kubelet's BackOff Event from the watchdog")
+    # The reference's Event record: Warning, the pod's fields, the root owner walked from the
+    # pod through its ReplicaSet (the watchdog's own RBAC) to the proxy's Deployment.
+    proxy = get_json(product.cluster, "deployment", name, "-n", OPERATOR_NS)["metadata"]
+    assert backoff.severity == "Warning"
+    assert backoff.body["involvedObject"]["uid"]
+    assert backoff.body["involvedObject"]["fieldPath"]
+    assert backoff.body["source"]["component"] == "kubelet"
+    assert backoff.body["rootOwnerReference"] == {
+        "apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": proxy["uid"],
+    }  # fmt: skip
     product.kubectl("rollout", "undo", f"deployment/{name}", "-n", OPERATOR_NS)
