@@ -236,8 +236,13 @@ def event_body(event: JSON, root_owner: JSON) -> JSON:
             "component": str(source.get("component") or event.get("reportingComponent") or ""),
             "host": str(source.get("host") or ""),
         },
-        "count": int(event.get("count") or (event.get("series") or {}).get("count") or 1),
+        "count": event_count(event),
     }
+
+
+def event_count(event: JSON) -> int:
+    """How often it happened (core/v1 `count`, events.k8s.io `series.count`)."""
+    return int(event.get("count") or (event.get("series") or {}).get("count") or 1)
 
 
 def event_record(event: JSON, root_owner: JSON) -> JSON:
@@ -283,7 +288,15 @@ class OwnerResolver:
     def _owner(self, ref: JSON) -> tuple[JSON, JSON | None]:
         """(`ref` with its uid filled in when it was read, its owner or None)."""
         resource = OWNER_RESOURCES.get(ref["kind"])
-        if resource is None or ref["apiVersion"] not in ("", resource.api_version):
+        if (
+            not ref["name"]
+            or resource is None
+            or ref["apiVersion"]
+            not in (
+                "",
+                resource.api_version,
+            )
+        ):
             return ref, None
         if ref["uid"] and ref["uid"] in self._owners:
             return ref, self._owners[ref["uid"]]
@@ -302,7 +315,8 @@ class OwnerResolver:
         owner = reference(chosen) if chosen else None
         if len(self._owners) >= MAX_OWNER_CACHE:
             self._owners.clear()
-        self._owners[uid] = owner
+        if uid:
+            self._owners[uid] = owner
         return {**ref, "apiVersion": ref["apiVersion"] or resource.api_version, "uid": uid}, owner
 
 
@@ -565,7 +579,7 @@ class Watchdog:
 
     def _new_event(self, event: JSON) -> bool:
         uid = str(event["metadata"].get("uid", ""))
-        count = int(event.get("count") or 1)
+        count = event_count(event)
         if self._events_seen.get(uid, 0) >= count:
             return False
         self._events_seen[uid] = count
