@@ -17,9 +17,11 @@ Figures:
   first install or after an outage): lines/s from start to the last delivery, and its CPU.
 Writer, agent and sink share the machine's cores, so these are floors for the agent.
 
-    .venv/bin/python bench/cluster_logs.py [--rate 2000] [--seconds 20] [--backlog 300000]
+    .venv/bin/python bench/cluster_logs.py [--rate 2000] [--seconds 20] [--backlog 300000] [--json]
 
-Prints a summary and writes bench/results/cluster_logs.json.
+`--json` writes JSON-object lines of the same size instead (each becomes a map body).
+
+Prints a summary and writes bench/results/cluster_logs.json (`--json`: cluster_logs_json.json).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ RESULTS = ROOT / "bench" / "results" / "cluster_logs.json"
 NAMESPACE = "bench"
 # A typical application log line (about 120 bytes with the CRI prefix).
 MESSAGE = 'level=info msg="request served" method=GET path=/api/items status=200 ms=3 seq='
+# The same as a JSON object (`--json`): the sequence number closes it.
+JSON_MESSAGE = '{"level":"info","msg":"request served","path":"/api/items","status":200,"seq":'
 
 
 def cpu_seconds(pid: int) -> float:
@@ -55,8 +59,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+JSON_LINES = False  # --json
+
+
 def cri_lines(start: int, count: int) -> str:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    if JSON_LINES:
+        return "".join(
+            f"{stamp} stdout F {JSON_MESSAGE}{i}}}\n" for i in range(start, start + count)
+        )
     return "".join(f"{stamp} stdout F {MESSAGE}{i}\n" for i in range(start, start + count))
 
 
@@ -122,9 +133,12 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=2000, help="lines/s of the steady phase")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--backlog", type=int, default=300_000, help="lines of the saturated phase")
+    parser.add_argument("--json", action="store_true", help="JSON-object lines (map bodies)")
     args = parser.parse_args()
+    global JSON_LINES  # noqa: PLW0603 - one flag for the line writer
+    JSON_LINES = args.json
 
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"lines": "json" if args.json else "text"}
     with running() as cluster, running_sink(count_only=True) as sink:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", NAMESPACE)
@@ -180,11 +194,12 @@ def main() -> int:
         "python": platform.python_version(),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    results = RESULTS.with_name("cluster_logs_json.json") if args.json else RESULTS
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(figures, indent=2) + "\n")
     for key, value in figures.items():
         print(f"{key:14} {value}")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 
