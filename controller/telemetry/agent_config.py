@@ -128,6 +128,16 @@ RESOURCES_DUPLICATES = (
     "container_start_time_seconds",
     "container_memory_working_set_bytes",
 )
+# node-exporter's process series repeat the kubelet's (`k8s-infra-metrics`): dropped there.
+NODE_EXPORTER_DUPLICATES = (
+    "process_virtual_memory_max_bytes",
+    "process_virtual_memory_bytes",
+    "process_start_time_seconds",
+    "process_resident_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_cpu_seconds_total",
+)
 # Series never sent (scrape bookkeeping, Go runtime, API-server client internals).
 PROMETHEUS_EXCLUDED = (
     "scrape_.+",
@@ -388,10 +398,11 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
     jobs = [_kubelet_job(m, name, path, in_cluster, keep) for name, path in (
         (JOB_KUBELET, "/metrics"), (JOB_CADVISOR, "/metrics/cadvisor"),
         (JOB_RESOURCES, "/metrics/resource"))]  # fmt: skip
-    jobs[-1]["metric_relabel_configs"].append(
-        {"source_labels": ["__name__"], "action": "drop", "regex": "|".join(RESOURCES_DUPLICATES)}
-    )
     jobs.append(_static_job(m, JOB_NODE_EXPORTER, f"127.0.0.1:{NODE_EXPORTER_PORT}", keep))
+    for job, duplicates in ((jobs[2], RESOURCES_DUPLICATES), (jobs[3], NODE_EXPORTER_DUPLICATES)):
+        job["metric_relabel_configs"].append(
+            {"source_labels": ["__name__"], "action": "drop", "regex": "|".join(duplicates)}
+        )
     if m.kube_state_metrics_selector:
         jobs.append(_kube_state_metrics(m, keep))
     for job in jobs:

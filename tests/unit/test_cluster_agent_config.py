@@ -261,6 +261,10 @@ def test_infra_metrics_are_scraped_under_the_reference_job_names() -> None:
     }
     # node-exporter, in the agent's own pod, labelled with the node's name (`node`).
     exporter = jobs["prometheus-node-exporter"]
+    # Its process series repeat the kubelet's: dropped, as the reference does.
+    (drop,) = exporter["metric_relabel_configs"]
+    assert drop["action"] == "drop"
+    assert "process_cpu_seconds_total" in drop["regex"].split("|")
     assert exporter["static_configs"] == [
         {"targets": ["127.0.0.1:9100"], "labels": {"node": "${env:K8S_NODE_NAME}"}}
     ]
