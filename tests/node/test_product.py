@@ -198,6 +198,8 @@ def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
     def spans_of(pod_name: str) -> list[Any]:
         return [s for s in product.sink.spans() if s.resource.get("k8s.pod.name") == pod_name]
 
+    cluster_uid = get_json(product.cluster, "namespace", "kube-system")["metadata"]["uid"]
+    namespace_uid = get_json(product.cluster, "namespace", APPS_NS)["metadata"]["uid"]
     for name, pod in pods.items():
         pod_name = pod["metadata"]["name"]
 
@@ -216,6 +218,15 @@ def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
         # The Node's spec.providerID, through the annotation the operator keeps on it.
         assert resource["k8s.provider.id"] == product.node.provider_id
         assert resource["k8s.cluster.name"] == CLUSTER_NAME
+        # The rest of the reference's trace resource (docs/wire.md): the cluster's and the
+        # namespace's UIDs, the owner's UID, the container (the distro's, from the injected env).
+        assert resource["k8s.cluster.uid"] == cluster_uid
+        assert resource["k8s.namespace.uid"] == namespace_uid
+        owner = get_json(product.cluster, "deployment", name, "-n", APPS_NS)
+        assert resource["k8s.deployment.uid"] == owner["metadata"]["uid"]
+        assert resource["k8s.pod.uid"] == pod["metadata"]["uid"]
+        assert resource["k8s.container.name"] == pod["spec"]["containers"][0]["name"]
+        assert resource["lumigo.k8s_operator.deployment_method"] == "Helm"
 
 
 def test_the_api_server_calls_the_injector_for_an_update_from_anyone_but_the_operator(
