@@ -20,6 +20,14 @@ Two kinds of pipelines share one upstream collector:
   table) keeps tenants apart by construction: a namespace's records can only reach the exporter
   that carries its own token. The receivers run only on the Lease holder
   (`k8s_leader_elector`), so scaling the proxy never duplicates collection.
+- every record of an events pipeline has the object itself as its body (a watch event's
+  `{type, object}` is unwrapped) and the reference's scope: `lumigo-operator.k8s-events` for
+  Events, `lumigo-operator.k8s-objects` for the other objects. With `k8s_enricher` (a proxy image
+  built from hack/tools/otelcol, which has the `lumigo_k8s_enricher` processor of collector/),
+  each Event gets its `rootOwnerReference` from the API, read in the Event's own namespace
+  (Pod -> ReplicaSet -> Deployment, Pod -> Job -> CronJob), and the involved object's version is
+  sent as an object record when the pipeline has not carried it; without it (the upstream
+  image), OTTL sets it from the pod's owner chain k8s_attributes knows, or the workload itself.
 - in each events pipeline, the namespace heartbeat: a second receiver pulls the namespace's
   Lumigo resources every `heartbeat_interval` (hourly by default), so the backend sees each one's
   spec and status as a log record of scope `lumigo-operator.namespace_heartbeat` (set by a
@@ -66,12 +74,15 @@ COLLECTED_OBJECTS: tuple[tuple[str, str], ...] = (
 HEARTBEAT_SCOPE = "lumigo-operator.namespace_heartbeat"
 HEARTBEAT_OBJECTS = ("lumigoes", "operator.lumigo.io")
 HEARTBEAT_KIND = "Lumigo"
+# The scopes of Kubernetes Event records and of the other objects' records, as the reference.
+EVENTS_SCOPE = "lumigo-operator.k8s-events"
+OBJECTS_SCOPE = "lumigo-operator.k8s-objects"
 # A collector duration: what `heartbeat_interval` may be (it comes from a flag).
 DURATION = re.compile(r"^[1-9][0-9]{0,5}(ms|s|m|h)$")
 
-# Events, and those about a pod (OTTL conditions on a watched Event's record).
-INVOLVED = 'log.body["object"]["involvedObject"]'
-EVENT = 'log.body["object"]["kind"] == "Event"'
+# Events, and those about a pod (OTTL conditions on an Event's record, once unwrapped).
+INVOLVED = 'log.body["involvedObject"]'
+EVENT = 'log.body["kind"] == "Event"'
 POD_EVENT = f'{EVENT} and {INVOLVED}["kind"] == "Pod"'
 # A pod's owners from the nearest to the farthest: (kind, apiVersion, k8s_attributes name).
 ROOT_OWNER_CHAIN = (
@@ -195,6 +206,13 @@ class ProxySettings:
     heartbeat_interval: str = "1h"
     # What the object collection redacts before it leaves (controller.telemetry.redaction).
     redaction: Redaction = field(default_factory=Redaction)
+    # The proxy image has this repository's `lumigo_k8s_enricher` processor (collector/): only
+    # then is it rendered (the upstream contrib image would refuse the whole configuration).
+    k8s_enricher: bool = False
+    # Its budget of API reads per Event, and what it remembers (objects, for how long).
+    k8s_enricher_timeout: str = "2s"
+    k8s_enricher_cache_size: int = 4096
+    k8s_enricher_cache_ttl: str = "1m"
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -484,8 +502,32 @@ def _add_events_pipelines(
         "lease_namespace": s.lease_namespace,
     }
     config["service"]["extensions"].append("k8s_leader_elector")
-    # Each pull is a batch of its own until batch/events: only the heartbeat's records get the
-    # heartbeat scope (a watched object's body is {type, object}, a pulled one is the object).
+    # Each watch event and each pull is a batch of its own until batch/events, so a scope set
+    # from one record's body is that record's: a watch event ({type, object}) becomes the object
+    # itself, then Events, other objects and the heartbeat's Lumigoes get their scopes.
+    version = s.origin.operator_version
+    config["processors"]["transform/k8s_objects"] = {
+        "error_mode": "ignore",
+        "log_statements": [
+            'set(log.body, log.body["object"]) '
+            'where log.body["type"] != nil and log.body["object"] != nil',
+            f'set(scope.name, "{EVENTS_SCOPE}") where {EVENT}',
+            f'set(scope.name, "{OBJECTS_SCOPE}") '
+            f'where log.body["kind"] != "Event" and log.body["kind"] != "{HEARTBEAT_KIND}"',
+            f'set(scope.version, "{version}") '
+            f'where scope.name == "{EVENTS_SCOPE}" or scope.name == "{OBJECTS_SCOPE}"',
+        ],
+    }
+    enricher = ["lumigo_k8s_enricher"] if s.k8s_enricher else []
+    if enricher:
+        config["processors"]["lumigo_k8s_enricher"] = {
+            "auth_type": s.kube_auth,
+            "timeout": s.k8s_enricher_timeout,
+            "cache_size": s.k8s_enricher_cache_size,
+            "cache_ttl": s.k8s_enricher_cache_ttl,
+            "events_scope": EVENTS_SCOPE,
+            "objects_scope": OBJECTS_SCOPE,
+        }
     config["processors"]["transform/heartbeat"] = {
         "error_mode": "ignore",
         "log_statements": [
@@ -494,11 +536,15 @@ def _add_events_pipelines(
     }
     # An Event about a pod gets the pod's owner chain (k8s_attributes, associated by the pod's
     # UID, which the first transform copies from the Event to its record's resource: each watched
-    # object is a resource of its own), then its root owner in the Event itself.
+    # object is a resource of its own), then its root owner in the Event itself. The receiver's
+    # k8s.namespace.name goes first, so that the pod's own namespace is what k8s_attributes adds
+    # (it never overwrites) and transform/only-<ns> sees: a pod the Event names by a uid of
+    # another namespace then has its owner chain removed (resource/ns-<ns> restores the name).
     config["processors"]["transform/event_pod"] = {
         "error_mode": "ignore",
         "log_statements": [
-            f'set(resource.attributes["k8s.pod.uid"], {INVOLVED}["uid"]) where {POD_EVENT}'
+            f'set(resource.attributes["k8s.pod.uid"], {INVOLVED}["uid"]) where {POD_EVENT}',
+            f'delete_key(resource.attributes, "k8s.namespace.name") where {POD_EVENT}',
         ],
     }
     config["processors"]["transform/root_owner_reference"] = {
@@ -552,7 +598,10 @@ def _add_events_pipelines(
         }
         config["service"]["pipelines"][f"logs/ns-{ns.name}"] = {
             "receivers": [f"k8s_objects/{ns.name}", f"k8s_objects/heartbeat-{ns.name}"],
+            # The enricher before redaction: the objects it sends are redacted too.
             "processors": [
+                "transform/k8s_objects",
+                *enricher,
                 *redact,
                 "transform/heartbeat",
                 "transform/event_pod",
@@ -568,24 +617,32 @@ def _add_events_pipelines(
 
 
 def root_owner_reference_statements() -> list[str]:
-    """OTTL setting `rootOwnerReference` ({apiVersion, kind, name, uid}) in an Event's body: for
-    a pod, its farthest owner known to k8s_attributes (later statements win); for a workload
-    that has no owner of its kind (a Deployment, StatefulSet, DaemonSet or CronJob), itself.
-    ReplicaSets and Jobs get none: their owners are not known here."""
-    target = 'log.body["object"]["rootOwnerReference"]'
-    statements = []
+    """OTTL setting `rootOwnerReference` ({apiVersion, kind, name, namespace, uid}) in an Event's
+    body where lumigo_k8s_enricher (when rendered) set none: for a pod, its farthest owner known
+    to k8s_attributes (later statements win); for a workload that has no owner of its kind (a
+    Deployment, StatefulSet, DaemonSet or CronJob), itself. ReplicaSets and Jobs get none: their
+    owners are not known here."""
+    target = 'log.body["rootOwnerReference"]'
+    namespace = 'log.body["metadata"]["namespace"]'
+    # Marked first, so that what this sets does not count as set by the enricher.
+    unset = 'log.cache["enriched"] == nil'
+    statements = [f'set(log.cache["enriched"], true) where {target} != nil']
     for kind, api_version, attribute in ROOT_OWNER_CHAIN:
         name = f'resource.attributes["k8s.{attribute}.name"]'
         uid = f'resource.attributes["k8s.{attribute}.uid"]'
         reference = (
-            f'{{"apiVersion": "{api_version}", "kind": "{kind}", "name": {name}, "uid": {uid}}}'
+            f'{{"apiVersion": "{api_version}", "kind": "{kind}", "name": {name}, '
+            f'"namespace": {namespace}, "uid": {uid}}}'
         )
-        statements.append(f"set({target}, {reference}) where {POD_EVENT} and {name} != nil")
+        statements.append(
+            f"set({target}, {reference}) where {unset} and {POD_EVENT} and {name} != nil"
+        )
     top_level = " or ".join(f'{INVOLVED}["kind"] == "{kind}"' for kind in TOP_LEVEL_KINDS)
     itself = ", ".join(
         f'"{key}": {INVOLVED}["{key}"]' for key in ("apiVersion", "kind", "name", "uid")
     )
-    statements.append(f"set({target}, {{{itself}}}) where {EVENT} and ({top_level})")
+    itself += f', "namespace": {namespace}'
+    statements.append(f"set({target}, {{{itself}}}) where {unset} and {EVENT} and ({top_level})")
     return statements
 
 

@@ -34,7 +34,7 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 UNROLLED = 8
 
-OBJECT = 'log.body["object"]'  # a watched object's record: {type, object}
+OBJECT = "log.body"  # every record's body is the object (config.py unwraps watch events)
 KIND = f'{OBJECT}["kind"]'
 TEMPLATE_KINDS = ("Deployment", "DaemonSet", "ReplicaSet", "StatefulSet", "Job")
 # Where each collected kind has a pod spec, and pod-template metadata.
@@ -48,7 +48,6 @@ POD_SPECS = (
 )
 ANNOTATIONS = (
     f'{OBJECT}["metadata"]["annotations"]',
-    'log.body["metadata"]["annotations"]',  # a pulled object (the heartbeat's Lumigoes)
     f'{OBJECT}["spec"]["template"]["metadata"]["annotations"]',
     f'{OBJECT}["spec"]["jobTemplate"]["metadata"]["annotations"]',
     f'{OBJECT}["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"]',
@@ -121,9 +120,10 @@ def parse_patterns(text: str) -> tuple[str, ...]:
 
 
 def processor(redaction: Redaction) -> JSON:
-    """The `transform` processor that redacts, first in every events pipeline. It fails closed:
-    a statement that errors drops the record (each watched object is a request of its own)
-    rather than letting it leave unredacted."""
+    """The `transform` processor that redacts, in every events pipeline before anything leaves
+    (after the watch events are unwrapped and the enricher added what it sends). It fails
+    closed: a statement that errors drops the record (each watched object is a request of its
+    own, with what the enricher sends about it) rather than letting it leave unredacted."""
     return {"error_mode": "propagate", "log_statements": statements(redaction)}
 
 
@@ -134,7 +134,7 @@ def statements(redaction: Redaction) -> list[str]:
     if redaction.annotations:
         out += annotation_statements(redaction.annotations)
     if redaction.enabled:
-        for annotations in ANNOTATIONS[:2]:  # an object's own (watched, pulled)
+        for annotations in ANNOTATIONS[:1]:  # the object's own
             applied = f"{annotations}[{ottl_string(LAST_APPLIED)}]"
             out.append(f"set({applied}, {ottl_string(REDACTED)}) where {applied} != nil")
     return out

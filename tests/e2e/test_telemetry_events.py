@@ -24,12 +24,19 @@ from controller.runtime.resources import (
     CRONJOBS,
     DEPLOYMENTS,
     EVENTS,
+    JOBS,
     NAMESPACES,
     PODS,
     REPLICASETS,
     SECRETS,
 )
-from controller.telemetry.config import HEARTBEAT_SCOPE, MonitoredNamespace, render
+from controller.telemetry.config import (
+    EVENTS_SCOPE,
+    HEARTBEAT_SCOPE,
+    OBJECTS_SCOPE,
+    MonitoredNamespace,
+    render,
+)
 from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import LAST_APPLIED, REDACTED, Redaction
 from localcluster import LocalCluster, wait_until
@@ -389,10 +396,16 @@ def owned_pod(kube: KubeClient, namespace: str) -> tuple[JSON, JSON]:
     return deploy, pod
 
 
-def event_about(kube: KubeClient, namespace: str, obj: JSON, name: str) -> None:
+def event_about(
+    kube: KubeClient, namespace: str, obj: JSON, name: str, *, version: bool = False
+) -> None:
+    """An Event about `obj` (naming its resourceVersion with `version`), posted in `namespace`
+    and naming `obj`'s own namespace, as whoever writes Events may."""
     meta = obj["metadata"]
     involved = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
-                "namespace": namespace, "uid": meta["uid"]}  # fmt: skip
+                "namespace": meta.get("namespace", namespace), "uid": meta["uid"]}  # fmt: skip
+    if version:
+        involved["resourceVersion"] = meta["resourceVersion"]
     event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
              "involvedObject": involved, "reason": "Test", "type": "Normal", "message": name,
              "source": {"component": "test"}, "count": 1}  # fmt: skip
@@ -421,7 +434,7 @@ def test_events_carry_the_root_owner_of_their_object(
             90, "both Events at the sink",
         )  # fmt: skip
     deployment_ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "shop",
-                      "uid": deploy["metadata"]["uid"]}  # fmt: skip
+                      "namespace": monitored, "uid": deploy["metadata"]["uid"]}  # fmt: skip
     (about_pod,) = seen(sink, "Event", "shop-pod.started")
     assert the_object(about_pod)["rootOwnerReference"] == deployment_ref
     assert about_pod.resource["k8s.deployment.name"] == "shop"  # the pod's owner chain
@@ -430,6 +443,237 @@ def test_events_carry_the_root_owner_of_their_object(
     # Other objects keep their body as it was.
     assert all("rootOwnerReference" not in the_object(r) for r in sink.logs()
                if the_object(r).get("kind") != "Event")  # fmt: skip
+
+
+# Issue 29 item 1: what reaches the backend as the reference sends it.
+
+
+def records_of(sink: OTLPSink, scope: str, kind: str, name: str) -> list[JSON]:
+    """The bodies of `scope`'s records that are the object `kind`/`name` itself (no watch
+    envelope around it)."""
+    return [
+        r.body
+        for r in sink.logs()
+        if r.scope == scope
+        and isinstance(r.body, dict)
+        and r.body.get("kind") == kind
+        and (r.body.get("metadata") or {}).get("name") == name
+    ]
+
+
+def reference(obj: JSON) -> JSON:
+    meta = obj["metadata"]
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"],
+            "namespace": meta["namespace"], "uid": meta["uid"]}  # fmt: skip
+
+
+def owned_by(owner: JSON, *, controller: bool = True) -> list[JSON]:
+    return [{**{k: v for k, v in reference(owner).items() if k != "namespace"},
+             "controller": controller}]  # fmt: skip
+
+
+def cron_chain(kube: KubeClient, namespace: str) -> tuple[JSON, JSON, JSON]:
+    """A suspended CronJob, a suspended Job it controls and a Pod of that Job, by hand (no
+    controller creates or adopts anything here): (cronjob, job, pod)."""
+    template = {"spec": {"restartPolicy": "Never",
+                         "containers": [{"name": "app", "image": "python:3.12"}]}}  # fmt: skip
+    cronjob = kube.create(
+        CRONJOBS,
+        {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+         "spec": {"schedule": "0 3 * * *", "suspend": True,
+                  "jobTemplate": {"spec": {"template": template}}}},
+        namespace,
+    )  # fmt: skip
+    job = kube.create(
+        JOBS,
+        {"apiVersion": "batch/v1", "kind": "Job",
+         "metadata": {"name": "nightly-29001", "ownerReferences": owned_by(cronjob)},
+         "spec": {"suspend": True, "template": template}},
+        namespace,
+    )  # fmt: skip
+    pod = kube.create(
+        PODS,
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "nightly-29001-abcde",
+                      "ownerReferences": owned_by(job, controller=False)},
+         "spec": template["spec"]},
+        namespace,
+    )  # fmt: skip
+    return cronjob, job, pod
+
+
+def test_events_and_objects_arrive_as_the_objects_under_the_references_scopes(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """Events under scope lumigo-operator.k8s-events, the other objects under
+    lumigo-operator.k8s-objects, each record's body the object itself (not the watch event
+    {type, object} around it); the heartbeat keeps its scope."""
+    monitored = namespaces["monitored"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        deployment(kube, monitored, "web")
+        crash_looping_pod(kube, monitored, "web-crash")
+        wait_until(
+            lambda: (
+                records_of(sink, OBJECTS_SCOPE, "Deployment", "web")
+                and records_of(sink, OBJECTS_SCOPE, "Pod", "web-crash")
+                and records_of(sink, EVENTS_SCOPE, "Event", "web-crash.backoff")
+            ),
+            90,
+            "the Deployment, the Pod and the BackOff Event at the sink, each under its scope",
+        )
+    (event, *_) = records_of(sink, EVENTS_SCOPE, "Event", "web-crash.backoff")
+    assert event["reason"] == "BackOff"
+    assert event["involvedObject"]["name"] == "web-crash"
+    assert "object" not in event
+    scopes = {r.scope for r in sink.logs()}
+    assert scopes <= {EVENTS_SCOPE, OBJECTS_SCOPE, HEARTBEAT_SCOPE}, scopes
+    for record in sink.logs():
+        assert isinstance(record.body, dict)
+        assert set(record.body) != {"type", "object"}, record.body  # never the watch event
+        assert (record.body["kind"] == "Event") is (record.scope == EVENTS_SCOPE)
+
+
+def test_every_event_carries_its_farthest_owner_read_from_the_api(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """rootOwnerReference {apiVersion, kind, name, namespace, uid} on every Event: a Pod's and
+    its ReplicaSet's is the Deployment, a Job's pod's and the Job's is the CronJob, a workload
+    without owners is its own. An Event about an object that cannot be read (it does not exist)
+    is sent all the same, with what it says."""
+    monitored = namespaces["monitored"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    deploy, pod = owned_pod(kube, monitored)
+    replicaset = kube.get(REPLICASETS, "shop-5d8f7c9b4", monitored)
+    cronjob, job, job_pod = cron_chain(kube, monitored)
+    gone = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": "gone-7f9c", "namespace": monitored,
+                         "uid": str(uuid.uuid4())}}  # fmt: skip
+    expected = {
+        "shop-pod.started": reference(deploy),
+        "shop-rs.scaled": reference(deploy),
+        "shop.scaled": reference(deploy),
+        "nightly-pod.started": reference(cronjob),
+        "nightly-job.completed": reference(cronjob),
+        "nightly.saw": reference(cronjob),
+        "gone.deleted": reference(gone),
+    }
+    about = {"shop-pod.started": pod, "shop-rs.scaled": replicaset, "shop.scaled": deploy,
+             "nightly-pod.started": job_pod, "nightly-job.completed": job,
+             "nightly.saw": cronjob, "gone.deleted": gone}  # fmt: skip
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        for name, obj in about.items():
+            event_about(kube, monitored, obj, name)
+        wait_until(
+            lambda: all(records_of(sink, EVENTS_SCOPE, "Event", name) for name in about),
+            90,
+            "every Event at the sink",
+        )
+    roots = {name: records_of(sink, EVENTS_SCOPE, "Event", name)[0].get("rootOwnerReference")
+             for name in about}  # fmt: skip
+    assert roots == expected
+
+
+def test_the_object_version_an_event_names_arrives_as_an_object_record(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """Every object version an Event refers to (involvedObject.resourceVersion) reaches the
+    backend as a record of scope lumigo-operator.k8s-objects whose body is that version."""
+    monitored = namespaces["monitored"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    deploy, pod = owned_pod(kube, monitored)
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        # A version written while the collector runs, then one it finds at its start.
+        labelled = kube.merge_patch(
+            PODS, pod["metadata"]["name"], {"metadata": {"labels": {"seen": "yes"}}}, monitored
+        )
+        event_about(kube, monitored, labelled, "shop-pod.labelled", version=True)
+        event_about(kube, monitored, deploy, "shop.created", version=True)
+
+        def version_sent(obj: JSON) -> bool:
+            meta = obj["metadata"]
+            return any(
+                body["metadata"]["uid"] == meta["uid"]
+                and body["metadata"]["resourceVersion"] == meta["resourceVersion"]
+                for body in records_of(sink, OBJECTS_SCOPE, obj["kind"], meta["name"])
+            )
+
+        wait_until(
+            lambda: version_sent(labelled) and version_sent(deploy),
+            90,
+            "the versions both Events name, as object records",
+        )
+    assert records_of(sink, EVENTS_SCOPE, "Event", "shop-pod.labelled")
+
+
+def test_an_event_naming_another_namespaces_object_reads_nothing_there(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """Whoever can write Events in a monitored namespace writes their involvedObject too (the
+    API only checks that its namespace is the Event's own): one naming, by name and uid, a pod
+    that exists only in another namespace is sent, and nothing of that namespace is read or
+    sent with it."""
+    monitored, other = namespaces["monitored"], namespaces["other"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    their_deploy, their_pod = owned_pod(kube, other)
+    their_replicaset = kube.get(REPLICASETS, "shop-5d8f7c9b4", other)
+    meta = their_pod["metadata"]
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        event_about(kube, monitored, {**their_pod, "metadata": {**meta, "namespace": monitored}},
+                    "theirs.ours", version=True)  # fmt: skip
+        deployment(kube, monitored, "barrier")  # after both Events, in the same namespace
+        wait_until(
+            lambda: (
+                records_of(sink, EVENTS_SCOPE, "Event", "theirs.ours")
+                and records_of(sink, OBJECTS_SCOPE, "Deployment", "barrier")
+            ),
+            90,
+            "the Event and the barrier Deployment at the sink",
+        )
+    # Read in the Event's own namespace, where no such pod is: the pod as the Event names it.
+    as_named = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "namespace": monitored,
+                "uid": meta["uid"]}  # fmt: skip
+    (event,) = records_of(sink, EVENTS_SCOPE, "Event", "theirs.ours")
+    assert event["rootOwnerReference"] == as_named
+    sent = json.dumps([[r.body, r.resource] for r in sink.logs()])
+    for obj in (their_deploy, their_replicaset):
+        leaked = [[r.resource, r.body] for r in sink.logs() if obj["metadata"]["uid"] in
+                  json.dumps([r.body, r.resource])]  # fmt: skip
+        assert obj["metadata"]["uid"] not in sent, leaked
+    assert all((r.body.get("metadata") or {}).get("namespace") == monitored for r in sink.logs())
+    assert not records_of(sink, OBJECTS_SCOPE, "Pod", meta["name"])
 
 
 SECRET = "s3cr3t-never-upstream"  # every literal env value and sensitive annotation below

@@ -68,6 +68,8 @@ def local_settings(upstream: str, lease_namespace: str, **overrides: Any) -> Pro
         "lease_namespace": lease_namespace,
         "lease_name": "telemetry-proxy-k8s-objects",
         "origin": Origin(cluster_name="local-test"),
+        # COLLECTOR is built from hack/tools/otelcol, which has the lumigo_k8s_enricher processor.
+        "k8s_enricher": True,
     }
     values.update(overrides)
     return ProxySettings(**values)

@@ -16,6 +16,7 @@ from controller.telemetry.config import (
     build,
     render,
 )
+from controller.telemetry.redaction import Redaction
 
 TOKEN_A = "t_0123456789abcdef01234"
 TOKEN_B = "t_fedcba9876543210fedcb"
@@ -208,6 +209,12 @@ def test_events_get_their_root_owner_after_the_pods_owner_chain() -> None:
     assert [p for p in processors if p in order] == order
     assert processors.index("transform/root_owner_reference") < processors.index("batch/events")
     statements = config["processors"]["transform/root_owner_reference"]["log_statements"]
+    # First, the record whose reference the enricher set is marked: none below overrides it.
+    assert statements[0] == (
+        'set(log.cache["enriched"], true) where log.body["rootOwnerReference"] != nil'
+    )
+    assert all('log.cache["enriched"] == nil' in s for s in statements[1:])
+    statements = statements[1:]
     kinds = [s.split('"kind": "')[1].split('"')[0] for s in statements[:-1]]
     assert kinds == [
         "Pod",
@@ -224,3 +231,45 @@ def test_events_get_their_root_owner_after_the_pods_owner_chain() -> None:
         assert f'["kind"] == "{kind}"' in itself
     assert '"ReplicaSet"' not in itself
     assert '"Job"' not in itself
+
+
+def test_events_and_objects_leave_as_the_objects_under_the_references_scopes() -> None:
+    """Issue 29 item 1: a watch event's body {type, object} becomes the object; Events get
+    scope lumigo-operator.k8s-events, the other objects lumigo-operator.k8s-objects, both with
+    the operator's version; the heartbeat keeps its own scope. All before anything else reads
+    the body (the enricher, redaction, the heartbeat, the root owner)."""
+    settings = ProxySettings(origin=Origin(operator_version="1.2.3"))
+    config = build([ns("shop", TOKEN_A)], settings)
+    processors = config["service"]["pipelines"]["logs/ns-shop"]["processors"]
+    assert processors[0] == "transform/k8s_objects"
+    assert config["processors"]["transform/k8s_objects"]["log_statements"] == [
+        'set(log.body, log.body["object"]) '
+        'where log.body["type"] != nil and log.body["object"] != nil',
+        'set(scope.name, "lumigo-operator.k8s-events") where log.body["kind"] == "Event"',
+        'set(scope.name, "lumigo-operator.k8s-objects") '
+        'where log.body["kind"] != "Event" and log.body["kind"] != "Lumigo"',
+        'set(scope.version, "1.2.3") where scope.name == "lumigo-operator.k8s-events" '
+        'or scope.name == "lumigo-operator.k8s-objects"',
+    ]
+    assert "lumigo_k8s_enricher" not in config["processors"]  # the upstream image has none
+
+
+def test_the_enricher_is_rendered_only_for_an_image_that_has_it_before_redaction() -> None:
+    settings = ProxySettings(k8s_enricher=True, redaction=Redaction(env_values=True))
+    config = build([ns("shop", TOKEN_A), ns("billing", TOKEN_B)], settings)
+    assert config["processors"]["lumigo_k8s_enricher"] == {
+        "auth_type": "serviceAccount",
+        "timeout": "2s",
+        "cache_size": 4096,
+        "cache_ttl": "1m",
+        "events_scope": "lumigo-operator.k8s-events",
+        "objects_scope": "lumigo-operator.k8s-objects",
+    }
+    for name in ("shop", "billing"):
+        processors = config["service"]["pipelines"][f"logs/ns-{name}"]["processors"]
+        # what it sends is redacted, and gets the namespace's attributes and token
+        assert processors[:3] == [
+            "transform/k8s_objects",
+            "lumigo_k8s_enricher",
+            "transform/redact",
+        ]

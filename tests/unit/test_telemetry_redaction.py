@@ -46,12 +46,18 @@ def test_off_by_default_and_the_configuration_is_unchanged() -> None:
     [Redaction(env_values=True), Redaction(annotations=("secret/.*",))],
     ids=["env", "annotations"],
 )
-def test_redaction_runs_first_in_every_events_pipeline(redaction: Redaction) -> None:
-    config = build(NAMESPACES, ProxySettings(redaction=redaction))
+@pytest.mark.parametrize("enricher", [False, True], ids=["upstream-image", "enricher"])
+def test_redaction_runs_before_anything_reads_or_sends_the_objects(
+    redaction: Redaction, enricher: bool
+) -> None:
+    """Right after the watch events are unwrapped and the enricher added the objects it sends
+    (issue 29 item 1): before any other processor of every events pipeline."""
+    config = build(NAMESPACES, ProxySettings(redaction=redaction, k8s_enricher=enricher))
     pipelines = events_pipelines(config)
     assert sorted(pipelines) == ["logs/ns-team-a", "logs/ns-team-b"]
+    first = ["transform/k8s_objects", *(["lumigo_k8s_enricher"] if enricher else [])]
     for pipeline in pipelines.values():
-        assert pipeline["processors"][0] == "transform/redact"
+        assert pipeline["processors"][: len(first) + 1] == [*first, "transform/redact"]
     processor = config["processors"]["transform/redact"]
     assert processor["error_mode"] == "propagate"  # fails closed: never unredacted
     assert processor["log_statements"]
@@ -68,14 +74,14 @@ def test_env_statements_reach_every_pod_spec_and_container_list() -> None:
         ]["log_statements"]
     )
     for spec in (
-        'log.body["object"]["spec"]',
-        'log.body["object"]["spec"]["template"]["spec"]',
-        'log.body["object"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]',
+        'log.body["spec"]',
+        'log.body["spec"]["template"]["spec"]',
+        'log.body["spec"]["jobTemplate"]["spec"]["template"]["spec"]',
     ):
         assert f'set(log.cache["spec"], {spec})' in statements
         assert f'set({spec}, log.cache["spec"])' in statements
     for kind in ("Pod", "Deployment", "DaemonSet", "ReplicaSet", "StatefulSet", "Job", "CronJob"):
-        assert f'log.body["object"]["kind"] == "{kind}"' in statements
+        assert f'log.body["kind"] == "{kind}"' in statements
     for name in ("containers", "initContainers", "ephemeralContainers"):
         assert f'String(log.cache["spec"]["{name}"][0]["env"])' in statements
 
@@ -94,7 +100,7 @@ def test_annotation_patterns_are_anchored_and_quoted() -> None:
         "transform/redact"
     ]["log_statements"]
     keep = [s for s in statements if s.startswith("keep_matching_keys(")]
-    assert len(keep) == 5  # object, pulled object, pod template, job template, its pod template
+    assert len(keep) == 4  # object, pod template, job template, its pod template
     assert keep[0].endswith(
         '"^(?:(?:vault\\\\.hashicorp\\\\.com/.*)|(?:team/\\"quoted\\"))$") '
         'where log.cache["annotations"]["0"] != nil'
@@ -138,8 +144,8 @@ def test_the_last_applied_configuration_is_redacted_whole(redaction: Redaction) 
         "transform/redact"
     ]["log_statements"]
     applied = '["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]'
-    for obj in ('log.body["object"]["metadata"]', 'log.body["metadata"]'):
-        assert f'set({obj}{applied}, "{REDACTED}") where {obj}{applied} != nil' in statements
+    obj = 'log.body["metadata"]'  # the object itself: config.py unwraps watch events
+    assert f'set({obj}{applied}, "{REDACTED}") where {obj}{applied} != nil' in statements
 
 
 @pytest.mark.parametrize(

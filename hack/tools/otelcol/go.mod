@@ -37,6 +37,7 @@ require (
 	go.opentelemetry.io/collector/receiver/otlpreceiver v0.152.0
 	go.opentelemetry.io/collector/service v0.152.0
 	golang.org/x/sys v0.43.0
+	lumigo-operator/collector v0.0.0
 )
 
 require (
@@ -399,3 +400,5 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )
+
+replace lumigo-operator/collector => ../../../collector
