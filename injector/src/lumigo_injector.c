@@ -8,6 +8,8 @@
  *
  *   python*  PYTHONPATH   = <payload>/python/bootstrap[:<user value>]
  *   node     NODE_OPTIONS = --require <payload>/nodejs/lumigo-bootstrap.js[ <user value>]
+ *            NODE_PATH    = [<user value>:]<payload>/nodejs/node_path (with or without a token:
+ *                           the app's own require('@lumigo/opentelemetry') resolves)
  *   java     JAVA_TOOL_OPTIONS = [<user value> ]-javaagent:<payload>/java/opentelemetry-javaagent.jar
  *            and, where the user has not set them, the agent's OTEL_* exporter settings: traces
  *            (and logs if LUMIGO_ENABLE_LOGS=true) to LUMIGO_ENDPOINT / LUMIGO_LOGS_ENDPOINT with
@@ -29,11 +31,11 @@
  * libraries, so they are never affected.
  *
  * Every other process (shells, coreutils, Go binaries, ...) sees no change at all. The values a
- * user already set are kept: ours are prepended, and an entry already present is not added
- * twice (child processes inherit the edited environment). A process that would be traced but
- * cannot be, because the payload is incomplete (no payload.json, which the init container copies
- * last) prints one line on stderr saying so; nothing else is printed unless
- * LUMIGO_INJECTOR_DEBUG=true; no value of LUMIGO_TRACER_TOKEN is ever printed.
+ * user already set are kept: ours are prepended (NODE_PATH: appended), and an entry already
+ * present is not added twice (child processes inherit the edited environment). A process that
+ * would be traced but cannot be, because the payload is incomplete (no payload.json, which the
+ * init container copies last) prints one line on stderr saying so; nothing else is printed
+ * unless LUMIGO_INJECTOR_DEBUG=true; no value of LUMIGO_TRACER_TOKEN is ever printed.
  *
  * A user's LD_PRELOAD whose source is optional (a ConfigMap or Secret key that may be missing)
  * is not chained by the webhook with `$(LUMIGO_ORIGINAL_LD_PRELOAD)`: the kubelet leaves an
@@ -65,6 +67,7 @@ extern char **environ __attribute__((weak));
 #define PY_BOOTSTRAP "/python/bootstrap"
 #define PY_BOOTSTRAP_FILE "/python/bootstrap/sitecustomize.py"
 #define NODE_BOOTSTRAP "/nodejs/lumigo-bootstrap.js"
+#define NODE_BY_NAME "/nodejs/node_path"
 #define JAVA_AGENT "/java/opentelemetry-javaagent.jar"
 #define JAVAAGENT_FLAG "-javaagent:"
 /* Copied last by the init container (lumigo-copy): without it the payload is incomplete. */
@@ -297,8 +300,39 @@ static void add_node_path(struct buf *b, const char *path) {
     buf_add_n(b, "\"", 1);
 }
 
+/*
+ * Put `dir` into the ':'-separated list in variable `name` (messages start with `who`): first
+ * (ours wins: PYTHONPATH) or last (the user's entries win: NODE_PATH). Left as it is when `dir`
+ * is already there (a child process) or when the result would not fit.
+ */
+static void add_to_path_list(int dbg, const char *who, const char *name, const char *dir,
+                             int first) {
+    char value[VALUE_BUF], what[PATH_BUF];
+    struct buf v = {value, 0, sizeof value, 1}, w = {what, 0, sizeof what, 1};
+    buf_add(&w, who);
+    buf_add(&w, name);
+    const char *old = getenv(name);
+    if (old && list_has(old, dir, ':')) {
+        debug(dbg, what, " already set up");
+        return;
+    }
+    if (first) buf_add(&v, dir);
+    if (old && *old) {
+        if (first) buf_add_n(&v, ":", 1);
+        buf_add(&v, old);
+        if (!first) buf_add_n(&v, ":", 1);
+    }
+    if (!first) buf_add(&v, dir);
+    if (!v.ok) {
+        debug(dbg, what, " too long, left unchanged");
+        return;
+    }
+    buf_add_n(&w, "=", 1);
+    if (setenv(name, value, 1) == 0) debug(dbg, what, value);
+}
+
 static void inject_python(int dbg, const char *root) {
-    char file[PATH_BUF], dir[PATH_BUF], value[VALUE_BUF];
+    char file[PATH_BUF], dir[PATH_BUF];
     struct buf f = {file, 0, sizeof file, 1}, d = {dir, 0, sizeof dir, 1};
     buf_add(&f, root);
     buf_add(&f, PY_BOOTSTRAP_FILE);
@@ -308,22 +342,26 @@ static void inject_python(int dbg, const char *root) {
         debug(dbg, "python: no payload at ", root);
         return;
     }
-    const char *old = getenv("PYTHONPATH");
-    if (old && list_has(old, dir, ':')) {
-        debug(dbg, "python: PYTHONPATH already set up", 0);
+    add_to_path_list(dbg, "python: ", "PYTHONPATH", dir, 1);
+}
+
+/*
+ * <payload>/nodejs/node_path holds one package, @lumigo/opentelemetry, which is the distro the
+ * bootstrap started: with it last on NODE_PATH an application's own require of the distro by
+ * name resolves (to the same instance: one tracer), while a copy in the application's
+ * node_modules, or on the user's NODE_PATH entries, still comes first. Set even without a token,
+ * so that such an application starts (untraced) rather than failing with `Cannot find module`.
+ */
+static void inject_node_path(int dbg, const char *root) {
+    char dir[PATH_BUF];
+    struct buf d = {dir, 0, sizeof dir, 1};
+    buf_add(&d, root);
+    buf_add(&d, NODE_BY_NAME);
+    if (!d.ok || !readable(dir)) {
+        debug(dbg, "node: no distro to resolve by name at ", root);
         return;
     }
-    struct buf v = {value, 0, sizeof value, 1};
-    buf_add(&v, dir);
-    if (old && *old) {
-        buf_add_n(&v, ":", 1);
-        buf_add(&v, old);
-    }
-    if (!v.ok) {
-        debug(dbg, "python: PYTHONPATH too long, left unchanged", 0);
-        return;
-    }
-    if (setenv("PYTHONPATH", value, 1) == 0) debug(dbg, "python: PYTHONPATH=", value);
+    add_to_path_list(dbg, "node: ", "NODE_PATH", dir, 0);
 }
 
 static void inject_node(int dbg, const char *root) {
@@ -571,10 +609,9 @@ __attribute__((constructor)) static void lumigo_injector_init(void) {
         return;
     }
     const char *token = getenv("LUMIGO_TRACER_TOKEN");
-    if (!token || !*token) {
-        debug(dbg, "LUMIGO_TRACER_TOKEN is not set; tracing not activated in ", exe);
-        return;
-    }
+    int traced = token && *token;
+    if (!traced) debug(dbg, "LUMIGO_TRACER_TOKEN is not set; tracing not activated in ", exe);
+    if (!traced && kind != NODE) return;
     char root_buf[PATH_BUF];
     struct buf root = {root_buf, 0, sizeof root_buf, 1};
     payload_root(&root);
@@ -583,6 +620,7 @@ __attribute__((constructor)) static void lumigo_injector_init(void) {
     struct buf m = {marker, 0, sizeof marker, 1};
     buf_add(&m, root_buf);
     buf_add(&m, COMPLETE_MARKER);
+    if ((!m.ok || !readable(marker)) && !traced) return;
     if (!m.ok || !readable(marker)) {
         const char *who = kind == PYTHON ? "python: " : kind == NODE ? "node: " : "java: ";
         char what[PATH_BUF];
@@ -592,6 +630,8 @@ __attribute__((constructor)) static void lumigo_injector_init(void) {
         say(what, root_buf);
         return;
     }
+    if (kind == NODE) inject_node_path(dbg, root_buf);
+    if (!traced) return;
     if (kind == PYTHON)
         inject_python(dbg, root_buf);
     else if (kind == NODE)

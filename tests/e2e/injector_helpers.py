@@ -53,6 +53,9 @@ class Span:
     kind: int  # OTLP SpanKind: 2 = SERVER, 3 = CLIENT
     attributes: dict[str, Any]
     resource: dict[str, Any]
+    trace_id: str = ""  # hex, as in OTLP/JSON
+    span_id: str = ""
+    parent_span_id: str = ""
 
 
 @dataclass
@@ -75,7 +78,8 @@ def _from_protobuf(body: bytes) -> list[Span]:
         for ss in rs.scope_spans:
             for s in ss.spans:
                 attrs = {a.key: _any_value(a.value) for a in s.attributes}
-                spans.append(Span(s.name, int(s.kind), attrs, resource))
+                ids = (s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex())
+                spans.append(Span(s.name, int(s.kind), attrs, resource, *ids))
     return spans
 
 
@@ -102,6 +106,9 @@ def _from_json(body: bytes) -> list[Span]:
                         int(s.get("kind", 0)),
                         attrs_of(s.get("attributes", [])),
                         resource,
+                        s.get("traceId", ""),
+                        s.get("spanId", ""),
+                        s.get("parentSpanId", ""),
                     )
                 )
     return spans
@@ -308,6 +315,27 @@ def flask_python(interpreter: str) -> Path:
                         "-r", str(requirements)], check=True)  # fmt: skip
         (venv / ".complete").write_text(key)
     return python
+
+
+def node_runtime() -> Path:
+    """The node binary of the node-app image (hack/images/node-runtime: Node.js 22, which has
+    module.registerHooks, unlike Debian's), installed with npm from its lock file, cached."""
+    runtime = ROOT / "hack" / "images" / "node-runtime"
+    lock = runtime / "package-lock.json"
+    arch = {"x86_64": "x64", "aarch64": "arm64"}[os.uname().machine]
+    key = hashlib.sha256(lock.read_bytes() + arch.encode()).hexdigest()[:12]
+    dest = CACHE / "e2e-apps" / f"node-runtime-{key}"
+    node = dest / "node_modules" / f"node-linux-{arch}" / "bin" / "node"
+    if not (dest / ".complete").exists():
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy2(runtime / name, dest / name)
+        subprocess.run(["npm", "ci", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund",
+                        "--loglevel=error", "--cpu", arch, "--os", "linux"], cwd=dest,
+                       check=True)  # fmt: skip
+        (dest / ".complete").write_text(key)
+    return node
 
 
 def compile_c(source: Path, out: Path, compiler: str = "gcc", *flags: str) -> Path:
