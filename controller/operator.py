@@ -230,6 +230,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         lease_namespace=opts.namespace,
         heartbeat_interval=opts.telemetry_heartbeat_interval,
         redaction=Redaction(opts.telemetry_redact_env_values, opts.telemetry_redact_annotations),
+        k8s_enricher=opts.telemetry_proxy_enricher,
     )
     telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings, workloads=workloads)
     manager.add_controller(telemetry.controller())

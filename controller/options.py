@@ -114,6 +114,8 @@ class RunOptions:
     telemetry_upstream_logs_endpoint: str = ""
     telemetry_heartbeat_interval: str = "1h"
     telemetry_redact_env_values: bool = False
+    # The proxy image has this repository's lumigo_k8s_enricher (hack/tools/otelcol).
+    telemetry_proxy_enricher: bool = False
     telemetry_redact_annotations: tuple[str, ...] = ()
     cluster_name: str = ""
     deployment_method: str = "Helm"
@@ -376,6 +378,15 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_redaction_flags(parser: argparse.ArgumentParser, d: RunOptions) -> None:
     a = parser.add_argument
+    a(
+        "--telemetry-proxy-enricher",
+        action=argparse.BooleanOptionalAction,
+        default=_env("LUMIGO_TELEMETRY_PROXY_ENRICHER", str(d.telemetry_proxy_enricher)).lower()
+        == "true",
+        help="the telemetry proxy's image is this operator's collector distribution (with the"
+        " lumigo_k8s_enricher processor): every Kubernetes Event gets its root owner read from"
+        " the API and the object version it names is sent [LUMIGO_TELEMETRY_PROXY_ENRICHER]",
+    )
     a(
         "--telemetry-redact-env-values",
         action=argparse.BooleanOptionalAction,

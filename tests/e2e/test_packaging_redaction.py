@@ -53,3 +53,13 @@ def test_redaction_values_become_the_operators_flags() -> None:
 def test_the_schema_refuses_what_the_operator_would(redaction: dict[str, Any]) -> None:
     with pytest.raises(AssertionError, match="/telemetryProxy/redaction"):
         render_chart(RELEASE, NAMESPACE, {"telemetryProxy": {"redaction": redaction}})
+
+
+@pytest.mark.parametrize("enricher", [None, False, True])
+def test_the_enricher_value_becomes_the_operators_flag(enricher: bool | None) -> None:
+    """Issue 29 item 1: off by default (the default image is the upstream collector, which has
+    no lumigo_k8s_enricher); `telemetryProxy.enricher: true` for this operator's own image."""
+    values = None if enricher is None else {"telemetryProxy": {"enricher": enricher}}
+    args, options = manager_options(values)
+    assert ("--telemetry-proxy-enricher" in args) is bool(enricher)
+    assert options.telemetry_proxy_enricher is bool(enricher)
