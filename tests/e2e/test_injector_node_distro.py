@@ -61,7 +61,13 @@ def test_an_app_that_requires_the_distro_by_name_shares_the_injected_tracer(
     injector_payload: Path, tmp_path: Path
 ) -> None:
     """The app's own `require('@lumigo/opentelemetry')` gets the distro the injector started (the
-    same instance: its `init` resolves to the running SDK); a user's NODE_PATH is kept, first."""
+    same instance: its `init` resolves to the running SDK), and a span through the app's own
+    @opentelemetry/api (the reference's test client's way) joins the same trace; a user's
+    NODE_PATH is kept, first."""
+    app_dir = tmp_path / "app"
+    shutil.copytree(injector_payload / "nodejs" / "node_modules" / "@opentelemetry" / "api",
+                    app_dir / "node_modules" / "@opentelemetry" / "api")  # fmt: skip
+    shutil.copy(PROGRAMS / "distro_app.js", app_dir / "app.js")
     userlib = tmp_path / "userlib"
     (userlib / "user-module").mkdir(parents=True)
     (userlib / "user-module" / "index.js").write_text("module.exports = 'from NODE_PATH';\n")
@@ -72,9 +78,13 @@ def test_an_app_that_requires_the_distro_by_name_shares_the_injected_tracer(
             "NODE_PATH": str(userlib),
             **webhook_env(injector_payload, receiver.endpoint, "app"),
         }
-        with running_app(["node", str(PROGRAMS / "distro_app.js")], env, tmp_path) as app:
+        with running_app(["node", str(app_dir / "app.js")], env, tmp_path) as app:
             servers, own, seen = _request_spans(receiver, app, "/hello")
+            wait_until(lambda: [s for s in receiver.spans() if s.name == "api-work"], timeout=60,
+                       what="the span made through the app's own @opentelemetry/api")  # fmt: skip
         _assert_one_tracer(servers, own, "distro-by-name")
+        (through_api,) = [s for s in receiver.spans() if s.name == "api-work"]
+        assert (through_api.trace_id, through_api.parent_span_id) == (own.trace_id, own.span_id)
         assert receiver.errors == []
         auth = {e.headers.get("Authorization") for e in receiver.exports}
         assert auth == {f"LumigoToken {TOKEN}"}

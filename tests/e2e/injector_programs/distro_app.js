@@ -14,11 +14,16 @@ function optional(name) {
   }
 }
 
+// Where the app has its own @opentelemetry/api (as the reference's test client does), a span
+// through it too: the API's global registration is shared across copies.
+const api = optional('@opentelemetry/api');
+
 init.then((sdk) => {
   const tracer = sdk.tracerProvider.getTracer('distro-app');
   const server = http.createServer((req, res) => {
     tracer.startActiveSpan('app-work', (span) => {
       span.end();
+      if (api) api.trace.getTracer('distro-app-api').startSpan('api-work').end();
       const body = JSON.stringify({
         distro: require.resolve('@lumigo/opentelemetry'),
         loaded: Object.keys(require.cache),
