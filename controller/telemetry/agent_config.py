@@ -121,6 +121,8 @@ JOB_CADVISOR = "k8s-infra-metrics-cadvisor"
 JOB_RESOURCES = "k8s-infra-metrics-resources"
 JOB_NODE_EXPORTER = "prometheus-node-exporter"
 JOB_KUBE_STATE_METRICS = "kube-state-metrics"
+# (The collector's own series arrive with its own resource, from its target_info: service.name
+# is the collector's, not this job's, as with the reference's self-scrape.)
 JOB_SELF = "lumigo-operator-self-metrics"
 # The kubelet's resource endpoint repeats these cAdvisor series: dropped there.
 RESOURCES_DUPLICATES = (

@@ -66,9 +66,7 @@ APP_NS, EXCLUDED_NS = "logs-app", "logs-excluded"
 STATE_DIR = Path("/var/lib/lumigo-operator/cluster-agent")  # the chart's default, on the node
 LINES = 600  # at 20 per second: 30 s of writing, across the agent's restart
 # The reference's scrape jobs (the resource's service.name) and the collector's own.
-CADVISOR_JOB, NODE_EXPORTER_JOB, SELF_JOB = (
-    "k8s-infra-metrics-cadvisor", "prometheus-node-exporter", "lumigo-operator-self-metrics",
-)  # fmt: skip
+CADVISOR_JOB, NODE_EXPORTER_JOB = "k8s-infra-metrics-cadvisor", "prometheus-node-exporter"
 LONG = 20_000  # characters: containerd writes it as a partial record, then the rest
 # The app: a multi-line block (continuation lines indented), a long line, a JSON line, numbered
 # lines, then it idles. `TAG` makes every line of this run unique.
@@ -278,10 +276,14 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     assert owner_point["owner_kind"] == "ReplicaSet"
     # (kube-state-metrics exposes no kube_*_labels series without an allowlist.)
     assert [p for m in about_writer("kube_pod_labels") for p in m.points if p.get("uid")]
-    # The collector's own series, under the reference's self-metrics job.
-    wait_for(lambda: [m for m in product.sink.metrics()
-                      if m.name.startswith("otelcol_") and m.resource["service.name"] == SELF_JOB],
-             120, "the agent's own otelcol_* series")  # fmt: skip
+
+    # The agent collector's own series (their resource is the collector's own, from its
+    # target_info: service.name otelcol-lumigo, not the job), labelled with the node.
+    def own() -> list[MetricSeen]:
+        return [m for m in product.sink.metrics() if m.name.startswith("otelcol_")
+                and m.resource.get("k8s.node.name") == product.node.name]  # fmt: skip
+
+    wait_for(own, 120, "the agent's own otelcol_* series")
 
     # essentialOnly with the reference's default list (regular expressions matched against
     # whole names): after the agents roll, only matching series arrive, plus the collector's own.
@@ -297,12 +299,14 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     started = rolled["status"]["startTime"]
     seen = len(product.sink.requests)
     expected = {"container_cpu_usage_seconds_total", "node_cpu_seconds_total", "kube_pod_owner",
-                "kube_deployment_labels", "kube_pod_status_phase"}  # fmt: skip
+                "kube_deployment_labels", "kube_pod_status_phase",
+                "otelcol_process_uptime"}  # fmt: skip
     wait_for(lambda: expected <= {m.name for m in product.sink.metrics(since=seen)},
              120, "the essential series after the change")  # fmt: skip
     essential = re.compile(f"^(?:{'|'.join(ESSENTIAL_METRICS)})$")
     after = product.sink.metrics(since=seen)
-    names = {m.name for m in after if m.resource.get("service.name") != SELF_JOB}
+    # (The collector's own series are never filtered by the list, as in the reference.)
+    names = {m.name for m in after if not m.name.startswith(("otelcol_", "promhttp_"))}
     assert {n for n in names if not essential.match(n)} == set(), (started, names)
     assert "kube_deployment_labels" in names
     assert "kube_pod_created" in names
