@@ -227,6 +227,9 @@ class MetricsSettings:
     essential_only: bool = False
     essential: tuple[str, ...] = ESSENTIAL_METRICS
     kubelet_port: int = 10250
+    # Where node-exporter listens, on the pod's loopback (a collector run on a host, as the tests
+    # do, points it at a target of its own).
+    node_exporter_port: int = NODE_EXPORTER_PORT
     upstream_endpoint: str = ""  # '' = the proxy settings' upstream endpoint
     # The label selector of the kube-state-metrics pods to scrape on each node ('' = none).
     kube_state_metrics_selector: str = KUBE_STATE_METRICS_SELECTOR
@@ -238,8 +241,10 @@ class MetricsSettings:
             )
         for name in self.essential:
             _check_pattern(name)
-        if not 0 < self.kubelet_port < 65536:
-            raise ValueError(f"invalid kubelet port {self.kubelet_port}")
+        for what, port in (("kubelet", self.kubelet_port),
+                           ("node-exporter", self.node_exporter_port)):  # fmt: skip
+            if not 0 < port < 65536:
+                raise ValueError(f"invalid {what} port {port}")
         if not _SELECTOR.match(self.kube_state_metrics_selector):
             raise ValueError(
                 f"invalid kube-state-metrics selector {self.kube_state_metrics_selector!r}: "
@@ -400,7 +405,7 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
     jobs = [_kubelet_job(m, name, path, in_cluster, keep) for name, path in (
         (JOB_KUBELET, "/metrics"), (JOB_CADVISOR, "/metrics/cadvisor"),
         (JOB_RESOURCES, "/metrics/resource"))]  # fmt: skip
-    jobs.append(_static_job(m, JOB_NODE_EXPORTER, f"127.0.0.1:{NODE_EXPORTER_PORT}", keep))
+    jobs.append(_static_job(m, JOB_NODE_EXPORTER, f"127.0.0.1:{m.node_exporter_port}", keep))
     for job, duplicates in ((jobs[2], RESOURCES_DUPLICATES), (jobs[3], NODE_EXPORTER_DUPLICATES)):
         job["metric_relabel_configs"].append(
             {"source_labels": ["__name__"], "action": "drop", "regex": "|".join(duplicates)}
