@@ -8,9 +8,11 @@ kube-apiserver, each namespace holding one Deployment; once the upstream sink ha
 records from all N namespaces (every pipeline is up and its initial state delivered), the proxy's
 RSS is read.
 
-    .venv/bin/python bench/telemetry_events_scale.py [--counts 0,10,50]
+    .venv/bin/python bench/telemetry_events_scale.py [--counts 0,10,50] [--no-enricher]
 
-Prints a table and writes bench/results/telemetry_events_scale.json.
+Prints a table and writes bench/results/telemetry_events_scale.json (with `--no-enricher`, the
+configuration for the upstream image, without lumigo_k8s_enricher:
+bench/results/telemetry_events_scale_no_enricher.json).
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def delivering(sink: OTLPSink, wanted: set[str]) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="0,10,50")
+    parser.add_argument("--enricher", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
+    results = RESULTS if args.enricher else RESULTS.with_stem(RESULTS.stem + "_no_enricher")
     counts = [int(c) for c in args.counts.split(",")]
 
     rows = []
@@ -83,7 +87,9 @@ def main() -> int:
                 MonitoredNamespace(f"bench-ns-{i:03d}", f"uid-{i}", f"t_{i:021x}") for i in range(n)
             ]
             with running_sink() as sink, tempfile.TemporaryDirectory() as workdir:
-                settings = local_settings(sink.url, "bench", lease_name=f"bench-{n}")
+                settings = local_settings(
+                    sink.url, "bench", lease_name=f"bench-{n}", k8s_enricher=args.enricher
+                )
                 config = render(namespaces, settings)
                 started = time.monotonic()
                 with running_collector(
@@ -119,9 +125,9 @@ def main() -> int:
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 

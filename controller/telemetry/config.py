@@ -83,6 +83,17 @@ DURATION = re.compile(r"^[1-9][0-9]{0,5}(ms|s|m|h)$")
 # Events, and those about a pod (OTTL conditions on an Event's record, once unwrapped).
 INVOLVED = 'log.body["involvedObject"]'
 EVENT = 'log.body["kind"] == "Event"'
+# The Events sent, as the reference: about an object of these (apiVersion, kind), with a uid
+# (the Events of the operator's webhook name none).
+EVENT_OBJECTS = (
+    ("v1", "Pod"),
+    ("apps/v1", "DaemonSet"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "ReplicaSet"),
+    ("apps/v1", "StatefulSet"),
+    ("batch/v1", "CronJob"),
+    ("batch/v1", "Job"),
+)
 POD_EVENT = f'{EVENT} and {INVOLVED}["kind"] == "Pod"'
 # A pod's owners from the nearest to the farthest: (kind, apiVersion, k8s_attributes name).
 ROOT_OWNER_CHAIN = (
@@ -518,6 +529,10 @@ def _add_events_pipelines(
             f'where scope.name == "{EVENTS_SCOPE}" or scope.name == "{OBJECTS_SCOPE}"',
         ],
     }
+    config["processors"]["filter/events"] = {
+        "error_mode": "ignore",
+        "logs": {"log_record": [unsent_event_condition()]},
+    }
     enricher = ["lumigo_k8s_enricher"] if s.k8s_enricher else []
     if enricher:
         config["processors"]["lumigo_k8s_enricher"] = {
@@ -601,6 +616,7 @@ def _add_events_pipelines(
             # The enricher before redaction: the objects it sends are redacted too.
             "processors": [
                 "transform/k8s_objects",
+                "filter/events",
                 *enricher,
                 *redact,
                 "transform/heartbeat",
@@ -614,6 +630,16 @@ def _add_events_pipelines(
             ],
             "exporters": [f"otlp_http/ns-{ns.name}"],
         }
+
+
+def unsent_event_condition() -> str:
+    """OTTL condition of the Events that are not sent (filter/events drops what matches)."""
+    about = " or ".join(
+        f'({INVOLVED}["apiVersion"] == "{api_version}" and {INVOLVED}["kind"] == "{kind}")'
+        for api_version, kind in EVENT_OBJECTS
+    )
+    uid = f'{INVOLVED}["uid"]'
+    return f'{EVENT} and not ({uid} != nil and {uid} != "" and ({about}))'
 
 
 def root_owner_reference_statements() -> list[str]:

@@ -676,6 +676,38 @@ def test_an_event_naming_another_namespaces_object_reads_nothing_there(
     assert not records_of(sink, OBJECTS_SCOPE, "Pod", meta["name"])
 
 
+def test_only_events_about_the_collected_kinds_naming_a_uid_are_sent(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """As the reference: an Event about another kind (a ConfigMap) or naming no uid (as the
+    operator's webhook posts) is not sent; one about a Pod is."""
+    monitored = namespaces["monitored"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace)
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    _, pod = owned_pod(kube, monitored)
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "settings", "uid": str(uuid.uuid4())}}  # fmt: skip
+    no_uid = {**pod, "metadata": {**pod["metadata"], "uid": ""}}
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        event_about(kube, monitored, configmap, "settings.changed")
+        event_about(kube, monitored, no_uid, "shop-pod.injected")
+        event_about(kube, monitored, pod, "shop-pod.started")  # after both
+        wait_until(
+            lambda: records_of(sink, EVENTS_SCOPE, "Event", "shop-pod.started"),
+            90,
+            "the Event about the Pod at the sink",
+        )
+    assert not seen(sink, "Event", "settings.changed")
+    assert not seen(sink, "Event", "shop-pod.injected")
+
+
 SECRET = "s3cr3t-never-upstream"  # every literal env value and sensitive annotation below
 SENSITIVE = "secrets.example.com/db-password"
 REDACTING = Redaction(env_values=True, annotations=(r"secrets\.example\.com/.*",))

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.telemetry.config import HEARTBEAT_SCOPE
+from controller.telemetry.config import EVENTS_SCOPE, HEARTBEAT_SCOPE, OBJECTS_SCOPE
 from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, deployment_available, get_json, is_injected
@@ -281,6 +281,22 @@ def test_the_namespace_events_and_objects_reach_the_sink_with_its_token(
     )
     for record in deployments + events:
         assert record.authorization == f"LumigoToken {TOKEN}"
+    # As the reference (issue 29 item 1): its scopes, the object itself as the body, and each
+    # Event's farthest owner with its uid (a flask pod's or ReplicaSet's: the Deployment).
+    for scope, records in ((OBJECTS_SCOPE, deployments), (EVENTS_SCOPE, events)):
+        for record in records:
+            assert record.scope == scope
+            assert set(record.body) != {"type", "object"}, record.body
+    flask = deployments[-1].body["metadata"]
+    flask_root = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "flask",
+                  "namespace": APPS_NS, "uid": flask["uid"]}  # fmt: skip
+    wait_for(
+        lambda: [r for r in records_of(product, APPS_NS, "Event")
+                 if r.body.get("rootOwnerReference") == flask_root],
+        120,
+        "an Event (of a flask pod or ReplicaSet) whose root owner is the flask Deployment",
+    )  # fmt: skip
+    assert all(r.body["rootOwnerReference"]["uid"] for r in records_of(product, APPS_NS, "Event"))
     # The namespace heartbeat: the README's Lumigo, spec and status, at start and every 20 s.
     heartbeats = wait_for(
         lambda: [

@@ -268,8 +268,30 @@ def test_the_enricher_is_rendered_only_for_an_image_that_has_it_before_redaction
     for name in ("shop", "billing"):
         processors = config["service"]["pipelines"][f"logs/ns-{name}"]["processors"]
         # what it sends is redacted, and gets the namespace's attributes and token
-        assert processors[:3] == [
+        assert processors[:4] == [
             "transform/k8s_objects",
+            "filter/events",  # no read for an Event that is not sent
             "lumigo_k8s_enricher",
             "transform/redact",
         ]
+
+
+def test_only_events_about_the_seven_collected_kinds_with_a_uid_are_sent() -> None:
+    """As the reference's field selectors: Events about a Pod, DaemonSet, Deployment,
+    ReplicaSet, StatefulSet, CronJob or Job (with their apiVersion) that name a uid."""
+    config = build([ns("shop", TOKEN_A)], ProxySettings())
+    (condition,) = config["processors"]["filter/events"]["logs"]["log_record"]
+    assert condition.startswith('log.body["kind"] == "Event" and not (')
+    assert 'log.body["involvedObject"]["uid"] != nil' in condition
+    assert 'log.body["involvedObject"]["uid"] != ""' in condition
+    pairs = [("v1", "Pod"), ("apps/v1", "DaemonSet"), ("apps/v1", "Deployment"),
+             ("apps/v1", "ReplicaSet"), ("apps/v1", "StatefulSet"), ("batch/v1", "CronJob"),
+             ("batch/v1", "Job")]  # fmt: skip
+    for api_version, kind in pairs:
+        assert (
+            f'(log.body["involvedObject"]["apiVersion"] == "{api_version}" and '
+            f'log.body["involvedObject"]["kind"] == "{kind}")'
+        ) in condition
+    assert condition.count('log.body["involvedObject"]["kind"] == ') == len(pairs)
+    processors = config["service"]["pipelines"]["logs/ns-shop"]["processors"]
+    assert processors.index("filter/events") == processors.index("transform/k8s_objects") + 1

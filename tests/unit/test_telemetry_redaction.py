@@ -55,7 +55,11 @@ def test_redaction_runs_before_anything_reads_or_sends_the_objects(
     config = build(NAMESPACES, ProxySettings(redaction=redaction, k8s_enricher=enricher))
     pipelines = events_pipelines(config)
     assert sorted(pipelines) == ["logs/ns-team-a", "logs/ns-team-b"]
-    first = ["transform/k8s_objects", *(["lumigo_k8s_enricher"] if enricher else [])]
+    first = [
+        "transform/k8s_objects",
+        "filter/events",
+        *(["lumigo_k8s_enricher"] if enricher else []),
+    ]
     for pipeline in pipelines.values():
         assert pipeline["processors"][: len(first) + 1] == [*first, "transform/redact"]
     processor = config["processors"]["transform/redact"]
