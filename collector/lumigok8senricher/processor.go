@@ -48,7 +48,8 @@ type enricher struct {
 	cfg    *Config
 	logger *zap.Logger
 	client dynamic.Interface
-	// namespace/apiVersion/kind/name -> *known; "uid/resourceVersion" of the versions sent.
+	// namespace/apiVersion/kind/name -> *known; "uid/resourceVersion" of the versions sent (or
+	// looked for once).
 	objects *lru.Cache
 	sent    *lru.Cache
 }
@@ -157,9 +158,11 @@ func (e *enricher) enrich(ctx context.Context, event pcommon.Map) (string, strin
 	var sendObject map[string]any
 	var resource string
 	if version := str(involved["resourceVersion"]); version != "" && current.uid != "" {
-		if _, sent := e.sent.Get(current.uid + "/" + version); !sent {
+		if _, done := e.sent.Get(current.uid + "/" + version); !done {
+			// Once: a version the API no longer serves (a GET returns the current one) cannot
+			// be sent later either.
+			e.sent.Add(current.uid+"/"+version, true)
 			if k, object := e.read(ctx, ns, current); k != nil && k.uid == current.uid && k.resourceVersion == version {
-				e.sent.Add(current.uid+"/"+version, true)
 				sendObject, resource = object, kinds[current.apiVersion+"/"+current.kind].Resource
 			}
 		}
