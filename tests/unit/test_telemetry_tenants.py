@@ -157,6 +157,12 @@ def test_events_find_their_pod_by_uid_and_only_in_their_own_namespace() -> None:
     assert processors.index(guard) < processors.index("transform/root_owner_reference")
     statements = config["processors"][guard]["log_statements"]
     assert any('"^(?:shop)$"' in s for s in statements)
+    # The receiver's namespace goes before k8s_attributes (which never overwrites), so the guard
+    # sees the pod's own: a pod of another namespace named by uid keeps its owners off (issue 29).
+    event_pod = config["processors"]["transform/event_pod"]["log_statements"]
+    assert any(s.startswith('delete_key(resource.attributes, "k8s.namespace.name")')
+               for s in event_pod)  # fmt: skip
+    assert processors.index("transform/event_pod") < processors.index(enrich)
 
 
 def test_the_namespace_uid_is_set_only_for_the_tokens_own_namespaces() -> None:
