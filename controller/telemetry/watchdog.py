@@ -263,10 +263,12 @@ def event_record(event: JSON, root_owner: JSON) -> JSON:
 
 @dataclass(eq=False)
 class OwnerResolver:
-    """An Event's root owner, walked through the API in one namespace: each owner's controller
-    reference (else its first), up to a kind of TOP_LEVEL_KINDS or an object without owners.
-    A read that fails (deleted, no permission, a different object under the same name) ends the
-    walk: the root is the farthest reference known."""
+    """An Event's root owner (apiVersion, kind, name, namespace, uid: the reference watchdog's
+    name, kind and uid, plus the two the telemetry proxy's root owners carry), walked through the
+    API in one namespace: each owner's controller reference (else its first), up to a kind of
+    TOP_LEVEL_KINDS or an object without owners. A read that fails (deleted, no permission, a
+    different object under the same name) ends the walk: the root is the farthest reference
+    known."""
 
     client: KubeClient
     namespace: str
@@ -283,7 +285,8 @@ class OwnerResolver:
             if owner is None:
                 break
             ref = owner
-        return ref
+        # An ObjectReference, as the telemetry proxy's root owners (owners share the namespace).
+        return {**ref, "namespace": namespace}
 
     def _owner(self, ref: JSON) -> tuple[JSON, JSON | None]:
         """(`ref` with its uid filled in when it was read, its owner or None)."""

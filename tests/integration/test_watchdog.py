@@ -167,7 +167,8 @@ def test_a_crash_looping_pod_and_its_events_are_reported_once(
         assert backoff.body["message"] == "Back-off restarting failed container otelcol"
         # An ownerless pod is its own root, its UID read (the Event named none).
         assert backoff.body["rootOwnerReference"] == {
-            "apiVersion": "v1", "kind": "Pod", "name": "proxy", "uid": proxy_uid,
+            "apiVersion": "v1", "kind": "Pod", "name": "proxy", "namespace": namespace,
+            "uid": proxy_uid,
         }  # fmt: skip
 
         # Next pass: the same Event is not sent again; a recovered pod is INFO, with its restarts.
@@ -330,7 +331,7 @@ def test_an_events_root_owner_is_walked_through_the_api_under_the_install_rbac(
         events = {r.body["reason"]: r for r in sink.logs() if r.scope == EVENTS_SCOPE}
 
     root = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "proxy",
-            "uid": deployment["metadata"]["uid"]}  # fmt: skip
+            "namespace": namespace, "uid": deployment["metadata"]["uid"]}  # fmt: skip
     assert events["Chained"].body["rootOwnerReference"] == root
     assert events["Scaled"].body["rootOwnerReference"] == root
     assert events["Chained"].body["involvedObject"] == {
@@ -342,7 +343,8 @@ def test_an_events_root_owner_is_walked_through_the_api_under_the_install_rbac(
     assert events["Chained"].severity == "Normal"
     # Deleted: what is known, the pod itself.
     assert events["Gone"].body["rootOwnerReference"] == {
-        "apiVersion": "v1", "kind": "Pod", "name": "gone", "uid": gone_uid,
+        "apiVersion": "v1", "kind": "Pod", "name": "gone", "namespace": namespace,
+        "uid": gone_uid,
     }  # fmt: skip
     # The install's RBAC lets it read both UIDs.
     resource = events["Chained"].resource
@@ -404,7 +406,8 @@ def test_an_owner_it_may_not_read_ends_the_walk_at_what_is_known(
         (event,) = [r for r in sink.logs() if r.scope == EVENTS_SCOPE
                     and r.body["reason"] == "Unreadable"]  # fmt: skip
     assert event.body["rootOwnerReference"] == {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "agent-rs", "uid": rs_uid,
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "agent-rs", "namespace": namespace,
+        "uid": rs_uid,
     }  # fmt: skip
     assert "k8s.cluster.uid" not in event.resource
     assert "k8s.namespace.uid" not in event.resource

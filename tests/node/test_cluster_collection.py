@@ -408,6 +408,7 @@ def test_the_watchdog_reports_a_crash_looping_proxy(product: Product) -> None:
     assert backoff.body["involvedObject"]["fieldPath"]
     assert backoff.body["source"]["component"] == "kubelet"
     assert backoff.body["rootOwnerReference"] == {
-        "apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": proxy["uid"],
+        "apiVersion": "apps/v1", "kind": "Deployment", "name": name, "namespace": OPERATOR_NS,
+        "uid": proxy["uid"],
     }  # fmt: skip
     product.kubectl("rollout", "undo", f"deployment/{name}", "-n", OPERATOR_NS)
