@@ -76,6 +76,11 @@ def main() -> int:
     with running() as cluster:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", "bench")
+        # Each namespace's heartbeat receiver pulls its Lumigoes: the CRD must be served.
+        crd = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
+        cluster.kubectl("apply", "--server-side", "-f", str(crd))
+        established = "--for=condition=Established"
+        cluster.kubectl("wait", established, "--timeout=60s", "crd/lumigoes.operator.lumigo.io")
         created = 0
         for n in counts:
             while created < n:
