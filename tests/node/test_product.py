@@ -492,6 +492,22 @@ def test_an_express_app_with_its_own_node_options_is_traced_and_keeps_them(
         "console.log(require('v8').getHeapStatistics().heap_size_limit >> 20)",
     )  # fmt: skip
     assert int(heap.split()[-1]) < 300, heap  # the user's --max-old-space-size still applies
+    # A process of the app's that requires the distro by name (it is not in the image) gets the
+    # injected one, and its own span reaches the sink with the pod's resource (issue 29 item 6).
+    own_span = (
+        "require('@lumigo/opentelemetry').init.then(async ({ tracerProvider }) => {"
+        " tracerProvider.getTracer('app').startSpan('own-span-by-name').end();"
+        " await tracerProvider.forceFlush(); console.log('flushed'); })"
+    )
+    ran = product.kubectl(
+        "exec", "-n", variants_ns, pod["metadata"]["name"], "--", "node", "-e", own_span
+    )  # fmt: skip
+    assert "flushed" in ran, ran
+    (own,) = wait_for(
+        lambda: [s for s in product.sink.spans() if s.name == "own-span-by-name"], 60, "own span"
+    )
+    assert own.resource.get("k8s.pod.name") == pod["metadata"]["name"]
+    assert own.authorization == f"LumigoToken {TOKEN}"
 
 
 def test_two_app_containers_and_a_sidecar_are_all_traced_or_left_running(
