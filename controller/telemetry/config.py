@@ -543,10 +543,13 @@ def _add_events_pipelines(
             "events_scope": EVENTS_SCOPE,
             "objects_scope": OBJECTS_SCOPE,
         }
+    # The reference's heartbeat body is the Lumigo serialised as a JSON string, not a map.
     config["processors"]["transform/heartbeat"] = {
         "error_mode": "ignore",
         "log_statements": [
-            f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "{HEARTBEAT_KIND}"'
+            f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "{HEARTBEAT_KIND}"',
+            f'set(log.body, String(log.body)) where scope.name == "{HEARTBEAT_SCOPE}" '
+            "and IsMap(log.body)",
         ],
     }
     # An Event about a pod gets the pod's owner chain (k8s_attributes, associated by the pod's

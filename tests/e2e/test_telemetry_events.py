@@ -331,7 +331,9 @@ def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_tok
         for ns, token in tokens.items():
             for record in heartbeats(ns):
                 assert record.authorization == f"LumigoToken {token}"
-                lumigo = the_object(record)
+                # The reference's body: the Lumigo as a JSON string.
+                assert isinstance(record.body, str), record.body
+                lumigo = json.loads(record.body)
                 assert lumigo["kind"] == "Lumigo"
                 assert lumigo["metadata"]["namespace"] == ns
                 assert lumigo["spec"]["lumigoToken"]["secretRef"]["name"]

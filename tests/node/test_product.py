@@ -309,7 +309,8 @@ def test_the_namespace_events_and_objects_reach_the_sink_with_its_token(
     )
     for record in heartbeats:
         assert record.authorization == f"LumigoToken {TOKEN}"
-        lumigo = the_object(record)
+        assert isinstance(record.body, str), record.body  # the reference's: a JSON string
+        lumigo = json.loads(record.body)
         assert (lumigo["kind"], lumigo["metadata"]["name"]) == ("Lumigo", "lumigo")
         assert lumigo["status"]["conditions"], lumigo
     # Nothing of the operator's namespace (no Lumigo there) is collected.

@@ -190,7 +190,10 @@ def test_each_namespace_heartbeat_pulls_its_lumigoes_and_leaves_with_its_own_tok
         assert processors.index("transform/heartbeat") < processors.index("batch/events")
     statements = config["processors"]["transform/heartbeat"]["log_statements"]
     assert statements == [
-        f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "Lumigo"'
+        f'set(scope.name, "{HEARTBEAT_SCOPE}") where log.body["kind"] == "Lumigo"',
+        # As the reference: the Lumigo as a JSON string.
+        f'set(log.body, String(log.body)) where scope.name == "{HEARTBEAT_SCOPE}" '
+        "and IsMap(log.body)",
     ]
 
 
