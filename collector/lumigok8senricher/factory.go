@@ -1,7 +1,8 @@
 // Package lumigok8senricher is the telemetry proxy's logs processor for Kubernetes Events: it
 // sets each Event's rootOwnerReference (the farthest owner of its involved object, read from the
 // API in the Event's own namespace) and sends the involved object's version as an object record
-// when the pipeline has not carried that version yet.
+// when the pipeline has not carried that version yet. As a metrics processor (the cluster agent's
+// kube-state-metrics pipeline), it sets owner_uid on the owner series (metrics.go).
 package lumigok8senricher
 
 import (
@@ -56,13 +57,21 @@ func NewFactory() processor.Factory {
 			EventsScope:  "lumigo-operator.k8s-events",
 			ObjectsScope: "lumigo-operator.k8s-objects",
 		}
-	}, processor.WithLogs(createLogs, component.StabilityLevelAlpha))
+	}, processor.WithLogs(createLogs, component.StabilityLevelAlpha),
+		processor.WithMetrics(createMetrics, component.StabilityLevelAlpha))
 }
 
 func createLogs(ctx context.Context, set processor.Settings, cfg component.Config, next consumer.Logs) (processor.Logs, error) {
 	c := cfg.(*Config)
 	e := newEnricher(c, set.Logger)
 	return processorhelper.NewLogs(ctx, set, cfg, next, e.processLogs,
+		processorhelper.WithStart(e.start),
+		processorhelper.WithCapabilities(consumer.Capabilities{MutatesData: true}))
+}
+
+func createMetrics(ctx context.Context, set processor.Settings, cfg component.Config, next consumer.Metrics) (processor.Metrics, error) {
+	e := newEnricher(cfg.(*Config), set.Logger)
+	return processorhelper.NewMetrics(ctx, set, cfg, next, e.processMetrics,
 		processorhelper.WithStart(e.start),
 		processorhelper.WithCapabilities(consumer.Capabilities{MutatesData: true}))
 }

@@ -25,6 +25,8 @@ kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<ui
   cluster) and the collector's own `otelcol_*` series, all labelled with the node; with
   `essential_only`, only the series whose names match the essential regular expressions (a
   relabel `keep` at the scrape, as the reference does, and `filter` on the kubelet's summary);
+  kube-state-metrics' `kube_pod_owner`, `kube_replicaset_owner` and `kube_job_owner` get the
+  owner's `owner_uid` from `lumigo_k8s_enricher` when the proxy settings have `k8s_enricher`;
 - OTLP/HTTP logs and metrics upstream with the cluster token, which the pod gets from a Secret
   through an environment variable: this configuration holds no secret.
 
@@ -46,6 +48,7 @@ from controller.telemetry.config import (
     ROOT_OWNER_CHAIN,
     ProxySettings,
     escape_expansion,
+    k8s_enricher_config,
     k8s_extract,
     logs_url,
     operator_attributes,
@@ -435,10 +438,17 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
         head = ["filter/essential"]
     tail = [p for p in enrich if p in ("resource/lumigo", "batch")]
     scraped = ["filter/prometheus", "resource/node", *tail]
+    # kube-state-metrics' owner series get `owner_uid` (the owner read in the series' namespace),
+    # with an image that has lumigo_k8s_enricher; its other series and jobs pass unchanged.
+    owners: list[str] = []
+    if s.proxy.k8s_enricher and m.kube_state_metrics_selector:
+        processors["lumigo_k8s_enricher"] = k8s_enricher_config(s.proxy)
+        owners = ["lumigo_k8s_enricher"]
     config["service"]["pipelines"].update({
         "metrics/kubelet": {"receivers": ["kubeletstats"], "processors": head + enrich,
                             "exporters": ["otlp_http/lumigo"]},
-        "metrics/infra": {"receivers": ["prometheus/infra"], "processors": scraped,
+        "metrics/infra": {"receivers": ["prometheus/infra"],
+                          "processors": [*scraped[:2], *owners, *tail],
                           "exporters": ["otlp_http/lumigo"]},
         "metrics/self": {"receivers": ["prometheus/self"], "processors": scraped,
                          "exporters": ["otlp_http/lumigo"]},

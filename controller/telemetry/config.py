@@ -535,14 +535,7 @@ def _add_events_pipelines(
     }
     enricher = ["lumigo_k8s_enricher"] if s.k8s_enricher else []
     if enricher:
-        config["processors"]["lumigo_k8s_enricher"] = {
-            "auth_type": s.kube_auth,
-            "timeout": s.k8s_enricher_timeout,
-            "cache_size": s.k8s_enricher_cache_size,
-            "cache_ttl": s.k8s_enricher_cache_ttl,
-            "events_scope": EVENTS_SCOPE,
-            "objects_scope": OBJECTS_SCOPE,
-        }
+        config["processors"]["lumigo_k8s_enricher"] = k8s_enricher_config(s)
     # The reference's heartbeat body is the Lumigo serialised as a JSON string, not a map.
     config["processors"]["transform/heartbeat"] = {
         "error_mode": "ignore",
@@ -633,6 +626,19 @@ def _add_events_pipelines(
             ],
             "exporters": [f"otlp_http/ns-{ns.name}"],
         }
+
+
+def k8s_enricher_config(s: ProxySettings) -> JSON:
+    """The `lumigo_k8s_enricher` processor's settings (the proxy's Events, the cluster agent's
+    kube-state-metrics owner series)."""
+    return {
+        "auth_type": s.kube_auth,
+        "timeout": s.k8s_enricher_timeout,
+        "cache_size": s.k8s_enricher_cache_size,
+        "cache_ttl": s.k8s_enricher_cache_ttl,
+        "events_scope": EVENTS_SCOPE,
+        "objects_scope": OBJECTS_SCOPE,
+    }
 
 
 def unsent_event_condition() -> str:

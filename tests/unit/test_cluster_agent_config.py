@@ -352,3 +352,32 @@ def test_node_exporter_runs_in_the_agent_pod_read_only_and_on_loopback() -> None
     for t, metrics in ((target, False), (AgentTarget("ops", "agent", "proxy", "token"), True)):
         pod = agent_daemonset(t, proxy, "d", metrics=metrics)["spec"]["template"]["spec"]
         assert [c["name"] for c in pod["containers"]] == ["otelcol"]
+
+
+@pytest.mark.parametrize("enricher", [False, True])
+def test_kube_state_metrics_owner_series_get_owner_uids_with_the_enricher(enricher: bool) -> None:
+    """kube_pod_owner, kube_replicaset_owner and kube_job_owner get `owner_uid` (as the
+    reference's proxy adds it) from lumigo_k8s_enricher, in the pipeline of the
+    kube-state-metrics scrape only, and only when the image has it (`k8s_enricher`)."""
+    proxy = ProxySettings(k8s_enricher=enricher, kube_auth="kubeConfig")
+    config = build_agent(AgentSettings("ops", metrics=MetricsSettings(enabled=True), proxy=proxy))
+    pipelines = config["service"]["pipelines"]
+    assert "kube-state-metrics" in scrape_jobs(config, "prometheus/infra")
+    for name, pipeline in pipelines.items():
+        wanted = enricher and name == "metrics/infra"
+        assert ("lumigo_k8s_enricher" in pipeline["processors"]) == wanted, name
+    if not enricher:
+        assert "lumigo_k8s_enricher" not in config["processors"]
+        return
+    infra = pipelines["metrics/infra"]["processors"]
+    # After the filters (fewer points to look at), before the batch.
+    assert infra.index("lumigo_k8s_enricher") > infra.index("filter/prometheus")
+    assert infra.index("lumigo_k8s_enricher") < infra.index("batch")
+    assert config["processors"]["lumigo_k8s_enricher"] == {
+        "auth_type": "kubeConfig",
+        "timeout": "2s",
+        "cache_size": 4096,
+        "cache_ttl": "1m",
+        "events_scope": "lumigo-operator.k8s-events",
+        "objects_scope": "lumigo-operator.k8s-objects",
+    }
