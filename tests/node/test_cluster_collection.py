@@ -12,9 +12,9 @@ Node and cluster metrics (item 2), on by default: the same agent scrapes its nod
 node; the app's pod and container series arrive enriched, kube-state-metrics' and cAdvisor's
 series of the app's pod arrive with the token. Issue 29 item 4: under the reference's Prometheus
 names and scrape jobs (`k8s-infra-metrics-cadvisor`, node-exporter's `node_cpu_seconds_total`
-with a `node` label, `kube_pod_owner`, `kube_*_labels`, the collector's `otelcol_*`), and
-`essentialOnly`, on by default as in the reference, keeps the series whose names match its
-regular expressions.
+with a `node` label, `kube_pod_owner` with its owner's `owner_uid`, `kube_*_labels`, the
+collector's `otelcol_*`), and `essentialOnly`, on by default as in the reference, keeps the
+series whose names match its regular expressions.
 
 The watchdog (item 4), on by default: installed before its token Secret existed, it reports
 once the upgrade creates it, and a crash-looping telemetry proxy shows up in its records.
@@ -274,6 +274,10 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     (owner_point, *_) = [p for m in about_writer("kube_pod_owner") for p in m.points
                          if p.get("pod") == pod["metadata"]["name"]]  # fmt: skip
     assert owner_point["owner_kind"] == "ReplicaSet"
+    # Its owner's uid (lumigo_k8s_enricher in the agent, the enricher being on), as the
+    # reference's proxy adds it.
+    (replica_set,) = pod["metadata"]["ownerReferences"]
+    assert owner_point.get("owner_uid") == replica_set["uid"], owner_point
     # (kube-state-metrics exposes no kube_*_labels series without an allowlist.)
     assert [p for m in about_writer("kube_pod_labels") for p in m.points if p.get("uid")]
 
