@@ -116,6 +116,8 @@ def non_default_values(monitored_namespace: str) -> dict[str, Any]:
                 "requests": {"cpu": "1", "memory": "1Gi"},
             },
             "goMemLimit": "1600MiB",
+            # A collector of the user's own, without lumigo_k8s_enricher: no such flag below.
+            "enricher": False,
         },
         "global": {
             "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
@@ -215,6 +217,62 @@ def test_values_schema_rejects_bad_values(setting: str, words: str) -> None:
     assert proc.returncode != 0
     assert "schema" in proc.stderr
     assert words in proc.stderr
+
+
+def _proxy_image_and_manager_args(*sets: str) -> tuple[str, list[str]]:
+    docs = load_docs(helm("template", "lumigo", str(CHART), *sets).stdout)
+    (collector,) = find(docs, "Deployment", "lumigo-lumigo-operator-telemetry-proxy")["spec"][
+        "template"
+    ]["spec"]["containers"]
+    manager = find(docs, "Deployment", "lumigo-lumigo-operator-controller-manager")
+    (container,) = [c for c in manager["spec"]["template"]["spec"]["containers"]]
+    return collector["image"], container["args"]
+
+
+def test_default_proxy_is_our_collector_with_the_enricher_on() -> None:
+    """The default proxy image is this repository's collector build (hack/tools/otelcol), tagged
+    v<appVersion> as the operator's image, and the operator renders lumigo_k8s_enricher for it:
+    production runs the collector the tests run (issue 31 item 1, issue 29)."""
+    app_version = load_file(CHART / "Chart.yaml")[0]["appVersion"]
+    image, args = _proxy_image_and_manager_args()
+    assert image == f"quay.io/lumigo/lumigo-operator-telemetry-proxy:v{app_version}"
+    assert "--telemetry-proxy-enricher" in args
+    # An explicit tag of our image is kept as given.
+    image, _ = _proxy_image_and_manager_args("--set", "telemetryProxy.image.tag=v9.9.9")
+    assert image == "quay.io/lumigo/lumigo-operator-telemetry-proxy:v9.9.9"
+
+
+def test_the_upstream_contrib_image_with_the_enricher_off_still_renders() -> None:
+    image, args = _proxy_image_and_manager_args(
+        "--set", "telemetryProxy.image.repository=otel/opentelemetry-collector-contrib",
+        "--set", "telemetryProxy.image.tag=0.152.0",
+        "--set", "telemetryProxy.enricher=false",
+    )  # fmt: skip
+    assert image == "otel/opentelemetry-collector-contrib:0.152.0"
+    assert "--telemetry-proxy-enricher" not in args
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "otel/opentelemetry-collector-contrib",
+        "docker.io/otel/opentelemetry-collector-contrib",
+        "mirror.example.com:5000/otel/opentelemetry-collector-k8s",
+        "ghcr.io/open-telemetry/opentelemetry-collector-releases/opentelemetry-collector-contrib",
+    ],
+)
+def test_an_upstream_collector_image_with_the_enricher_on_is_refused(repository: str) -> None:
+    """An upstream distribution has no lumigo_k8s_enricher: it would refuse the configuration
+    the operator renders and no tenant's telemetry would be forwarded. Refused at render time."""
+    proc = helm(
+        "template", "lumigo", str(CHART),
+        "--set", f"telemetryProxy.image.repository={repository}",
+        "--set", "telemetryProxy.image.tag=0.152.0",
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "lumigo_k8s_enricher" in proc.stderr
+    assert "telemetryProxy.enricher=false" in proc.stderr
 
 
 def test_default_render_has_no_key_material_and_labels_operator_workloads() -> None:

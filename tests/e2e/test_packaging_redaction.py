@@ -57,9 +57,10 @@ def test_the_schema_refuses_what_the_operator_would(redaction: dict[str, Any]) -
 
 @pytest.mark.parametrize("enricher", [None, False, True])
 def test_the_enricher_value_becomes_the_operators_flag(enricher: bool | None) -> None:
-    """Issue 29 item 1: off by default (the default image is the upstream collector, which has
-    no lumigo_k8s_enricher); `telemetryProxy.enricher: true` for this operator's own image."""
+    """Issue 29: on by default (the default proxy image is this operator's collector build,
+    with lumigo_k8s_enricher); `telemetryProxy.enricher: false` for an upstream image."""
     values = None if enricher is None else {"telemetryProxy": {"enricher": enricher}}
     args, options = manager_options(values)
-    assert ("--telemetry-proxy-enricher" in args) is bool(enricher)
-    assert options.telemetry_proxy_enricher is bool(enricher)
+    want = enricher is not False
+    assert ("--telemetry-proxy-enricher" in args) is want
+    assert options.telemetry_proxy_enricher is want

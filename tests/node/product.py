@@ -132,8 +132,8 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
     flags += ["--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs"]
     flags += ["--set", f"endpoint.otlp.metrics_url={sink_url}/v1/metrics"]
     flags += ["--set", f"cluster.name={CLUSTER_NAME}"]
-    # Our telemetry-proxy image has lumigo_k8s_enricher (Events' root owners from the API).
-    flags += ["--set", "telemetryProxy.enricher=true"]
+    # telemetryProxy.enricher: the chart's default (true), as our telemetry-proxy image has
+    # lumigo_k8s_enricher (Events' root owners from the API).
     # The init container's copy (the chart's `auto` would mount the image on this node): most
     # tests check that path; test_product switches to `auto` to check the other.
     flags += ["--set", "injectorWebhook.lumigoInjector.mode=init-container"]

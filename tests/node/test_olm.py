@@ -45,7 +45,7 @@ CSV = ROOT / "bundle" / "manifests" / f"{PACKAGE}.clusterserviceversion.yaml"
 BUILT_FOR = {
     "lumigo-operator": "operator",
     "lumigo-autotrace": "autotrace",
-    "opentelemetry-collector-contrib": "telemetry-proxy",
+    "lumigo-operator-telemetry-proxy": "telemetry-proxy",
 }
 FULLNAME = "lumigo-lumigo-operator"
 JSON = dict[str, Any]

@@ -24,6 +24,7 @@ import yaml
 from api import constants
 from api.crd import crd_manifest
 from api.lumigo import load_spec
+from controller.options import RunOptions
 from controller.telemetry.agent import AgentTarget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +111,8 @@ WEBHOOK = "lumigo-lumigo-operator-webhook"  # the webhook Deployment and its Ser
 WEBHOOK_RBAC = (CONFIG / "webhook" / "rbac.yaml", CONFIG / "webhook" / "self_cert_rbac.yaml")
 PROXY = "lumigo-lumigo-operator-telemetry-proxy"
 OPERATOR_SA = "lumigo-kubernetes-operator"
-PROXY_IMAGE = "otel/opentelemetry-collector-contrib:0.152.0"
+# This repository's collector build (hack/tools/otelcol, with lumigo_k8s_enricher), as released.
+PROXY_IMAGE = f"quay.io/lumigo/lumigo-operator-telemetry-proxy:v{VERSION}"
 
 
 # --- one source of truth ------------------------------------------------------------------
@@ -191,7 +193,20 @@ def test_versions_and_images_agree() -> None:
     assert injector_image["pullPolicy"] == constants.DEFAULT_INJECTOR_PULL_POLICY
     assert csv()["spec"]["minKubeVersion"] == chart["kubeVersion"].strip(">=").removesuffix("-0")
     proxy_image = values["telemetryProxy"]["image"]
-    assert f"{proxy_image['repository']}:{proxy_image['tag']}" == PROXY_IMAGE
+    assert proxy_image["tag"] == "", "an empty tag is v<appVersion>, as the operator's"
+    assert f"{proxy_image['repository']}:v{VERSION}" == PROXY_IMAGE
+    # That image has lumigo_k8s_enricher: the chart, the kustomize manager and the CSV's turn it
+    # on (the binary's own default stays off: a bare `lumigo-operator run` knows no proxy image).
+    assert values["telemetryProxy"]["enricher"] is True
+    assert "--telemetry-proxy-enricher" in container["args"]
+    (csv_manager,) = [
+        c
+        for d in csv()["spec"]["install"]["spec"]["deployments"]
+        for c in d["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "manager"
+    ]
+    assert "--telemetry-proxy-enricher" in csv_manager["args"]
+    assert RunOptions().telemetry_proxy_enricher is False
     assert proxy_deployment()["spec"]["template"]["spec"]["containers"][0]["image"] == PROXY_IMAGE
 
 

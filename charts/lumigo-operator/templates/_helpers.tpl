@@ -86,14 +86,32 @@ control-plane: webhook
 http://{{ include "lumigo-operator.fullname" . }}-telemetry-proxy-service.$(POD_NAMESPACE).svc.cluster.local
 {{- end }}
 
+{{/* <repository>:<tag> of one of this chart's own images; an empty tag is v<appVersion>. */}}
+{{- define "lumigo-operator.image" -}}
+{{- printf "%s:%s" .image.repository (default (printf "v%s" .root.Chart.AppVersion) .image.tag) }}
+{{- end }}
+
 {{- define "lumigo-operator.managerImage" -}}
-{{- $image := .Values.controllerManager.manager.image }}
-{{- printf "%s:%s" $image.repository (default (printf "v%s" .Chart.AppVersion) $image.tag) }}
+{{- include "lumigo-operator.image" (dict "image" .Values.controllerManager.manager.image "root" .) }}
 {{- end }}
 
 {{- define "lumigo-operator.injectorImage" -}}
-{{- $image := .Values.injectorWebhook.lumigoInjector.image }}
-{{- printf "%s:%s" $image.repository (default (printf "v%s" .Chart.AppVersion) $image.tag) }}
+{{- include "lumigo-operator.image" (dict "image" .Values.injectorWebhook.lumigoInjector.image "root" .) }}
+{{- end }}
+
+{{- /*
+The telemetry proxy's image: by default this operator's collector build (hack/tools/otelcol), which
+has the lumigo_k8s_enricher processor. An upstream OpenTelemetry Collector distribution
+(otel/opentelemetry-collector-contrib, -k8s, …) has not: it refuses the configuration the operator
+renders with `telemetryProxy.enricher: true` and would forward no tenant's telemetry, so that
+combination is refused here.
+*/ -}}
+{{- define "lumigo-operator.telemetryProxyImage" -}}
+{{- $proxy := .Values.telemetryProxy }}
+{{- if and $proxy.enricher (regexMatch "(^|/)opentelemetry-collector[^/]*$" $proxy.image.repository) }}
+{{- fail (printf "telemetryProxy.image.repository %s is an upstream OpenTelemetry Collector without this operator's lumigo_k8s_enricher processor: set telemetryProxy.enricher=false with it, or keep the default image" $proxy.image.repository) }}
+{{- end }}
+{{- include "lumigo-operator.image" (dict "image" $proxy.image "root" .) }}
 {{- end }}
 
 {{/* The restricted Pod Security Standard, for every pod of the chart. */}}
