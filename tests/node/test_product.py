@@ -252,7 +252,10 @@ def test_the_api_server_calls_the_injector_for_an_update_from_anyone_but_the_ope
 
 def the_object(record: LogSeen) -> JSON:
     """The Kubernetes object a k8s_objects/k8s event record carries (watch events wrap it)."""
-    body = record.body if isinstance(record.body, dict) else {}
+    body = record.body
+    if isinstance(body, str) and body.startswith("{"):
+        body = json.loads(body)  # the heartbeat's: the Lumigo as a JSON string
+    body = body if isinstance(body, dict) else {}
     obj = body.get("object", body)
     return obj if isinstance(obj, dict) else {}
 
