@@ -850,7 +850,9 @@ def test_helm_uninstall_removes_every_lumigo_and_all_instrumentation(
         assert release.cluster_scoped_leftovers() == []
         assert not exists(cluster, "deployment", f"{fullname}-telemetry-proxy", "-n", ns)
         # The proxy's configuration (the tokens) goes with the proxy Deployment that owns it.
-        wait_until(lambda: not exists(cluster, "secret", proxy_secret, "-n", ns), 60,
+        # The garbage collector works through the whole session's deletions first: on a loaded
+        # CI machine that took over 60 s once.
+        wait_until(lambda: not exists(cluster, "secret", proxy_secret, "-n", ns), 180,
                    "the garbage collector to delete the proxy configuration")  # fmt: skip
         for namespace, name in workloads:
             assert clean(kube.get(DEPLOYMENTS, name, namespace)), name
