@@ -508,6 +508,18 @@ def add_watchdog_flags(parser: argparse.ArgumentParser) -> None:
         default=_env("LUMIGO_LOGS_ENDPOINT", ""),
         help="where the records go ('' = Lumigo's) [LUMIGO_LOGS_ENDPOINT]",
     )
+    a(
+        "--metrics-endpoint",
+        default=_env("LUMIGO_METRICS_ENDPOINT", ""),
+        help="where the containers' resource-usage gauges go ('' = Lumigo's; 'none' = not "
+        "sent) [LUMIGO_METRICS_ENDPOINT]",
+    )
+    a(
+        "--top-interval",
+        type=parse_duration,
+        default=15.0,
+        help="how often the containers' resource usage (metrics.k8s.io) is read and sent",
+    )
     a("--cluster-name", default=_env("KUBERNETES_CLUSTER_NAME", ""))
     a(
         "--token-secret",

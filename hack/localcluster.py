@@ -122,6 +122,7 @@ def _write_key(path: Path, key: Any) -> None:
 
 
 OPERATOR_USER = "lumigo-operator"  # the user name of `operator_kubeconfig`
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the aggregation layer's client certificate
 
 
 def make_pki(directory: Path) -> dict[str, KeyPair]:
@@ -215,6 +216,9 @@ def make_pki(directory: Path) -> dict[str, KeyPair]:
         # matchConditions tell its writes from everyone else's (OPERATOR_USER).
         "operator": leaf(OPERATOR_USER, ["system:masters"], False, "operator"),
         "kwok": leaf("kwok", [], True, "kwok"),
+        # The aggregation layer's client (--proxy-client-cert-file): an extension API server
+        # (metrics-server in the node tier) trusts the user it names in X-Remote-User.
+        "front-proxy": leaf(FRONT_PROXY_CLIENT, [], False, "front-proxy-client"),
         "sa": sa,
     }
 
@@ -529,6 +533,14 @@ class LocalCluster:
                 # Reach a kubelet (kubectl logs/exec on a real node, hack/localnode.py) by its
                 # node IP: the default tries its host name first, a DNS query off the machine.
                 "--kubelet-preferred-address-types=InternalIP",
+                # The aggregation layer (APIServices), as a kubeadm cluster configures it.
+                f"--requestheader-client-ca-file={pki['ca'].cert}",
+                f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki['front-proxy'].cert}",
+                f"--proxy-client-key-file={pki['front-proxy'].key}",
                 *self._audit_flags(),
             ],
         )

@@ -12,6 +12,9 @@ only (the operator's):
   a selection of the operator's and the collectors' own series (work-queue depth, reconcile and
   webhook errors, certificate expiry, export successes/failures and queue size, memory);
 - the namespace's Kubernetes Events not reported before (a BackOff, a FailedScheduling…).
+- every `top_interval`, each container's CPU and memory usage from metrics.k8s.io, when
+  metrics-server serves it: the reference's two gauges, as OTLP metrics to the metrics endpoint
+  (controller.telemetry.top); a failure there never stops the other reports.
 
 It sends them as OTLP/HTTP log records (JSON encoding) to the logs endpoint, directly (not
 through the proxy it watches), with the cluster-collection token, read from its Secret at each
@@ -61,6 +64,7 @@ from controller.runtime.resources import (
 )
 from controller.telemetry.config import TOP_LEVEL_KINDS
 from controller.telemetry.reconciler import namespace_uid
+from controller.telemetry.top import TopReader, otlp_metrics
 
 log = logging.getLogger("lumigo.watchdog")
 
@@ -109,6 +113,9 @@ class WatchdogSettings:
     resource: dict[str, str] = field(default_factory=dict)  # cluster name, version…
     cluster_name: str = ""
     own_pod: str = ""  # the watchdog's own pod, left out
+    # Full URL (…/v1/metrics) of the resource-usage gauges (controller.telemetry.top); "" = off.
+    metrics_endpoint: str = ""
+    top_interval: float = 15.0
 
 
 def container_reports(pod: JSON) -> list[JSON]:
@@ -421,6 +428,18 @@ def http_get(url: str) -> str:
             raise tls_error from None
 
 
+def post_otlp(url: str, payload: JSON, token: str) -> None:
+    """POST an OTLP/HTTP JSON request with the Lumigo token (urllib's errors raised)."""
+    request = urllib.request.Request(  # noqa: S310 - the configured upstream
+        url,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"LumigoToken {token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        response.read()
+
+
 def _read(request: urllib.request.Request, context: ssl.SSLContext | None) -> str:
     with urllib.request.urlopen(request, timeout=3, context=context) as response:  # noqa: S310
         return str(response.read().decode("utf-8", "replace"))
@@ -442,9 +461,12 @@ class Watchdog:
     _identity: dict[str, str] = field(default_factory=dict, init=False)
     _identity_read: float = field(default=float("-inf"), init=False)
     _owners: OwnerResolver = field(init=False)
+    _top: TopReader = field(init=False)
+    _last_top: float = field(default=float("-inf"), init=False)
 
     def __post_init__(self) -> None:
         self._owners = OwnerResolver(self.client, self.settings.namespace)
+        self._top = TopReader(self.client, self.settings.namespace)
 
     def resource(self) -> dict[str, str]:
         """The resource of every record, as the reference's watchdog names itself. The cluster's
@@ -495,19 +517,9 @@ class Watchdog:
         if not token:
             return False
         records = list(self._pending)
-        body = json.dumps(otlp_logs(records, self.resource(), self.version)).encode()
-        request = urllib.request.Request(  # noqa: S310 - the configured upstream
-            self.settings.logs_endpoint,
-            data=body,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "Authorization": f"LumigoToken {token}",
-            },
-        )
+        payload = otlp_logs(records, self.resource(), self.version)
         try:
-            with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
-                response.read()
+            post_otlp(self.settings.logs_endpoint, payload, token)
         except urllib.error.HTTPError as err:
             if 400 <= err.code < 500 and err.code not in (408, 429):
                 # Refused for good (e.g. a wrong token): sending them again cannot succeed.
@@ -525,22 +537,54 @@ class Watchdog:
         self._drop(len(records))
         return True
 
+    def top(self, now: float | None = None) -> bool:
+        """Every `top_interval`, send the containers' resource usage (controller.telemetry.top)
+        to the metrics endpoint; False when nothing was sent. Not kept on failure: a gauge is
+        read again next interval."""
+        now = time.monotonic() if now is None else now
+        s = self.settings
+        if not s.metrics_endpoint or now - self._last_top < s.top_interval:
+            return False
+        self._last_top = now
+        try:
+            usages = self._top.read()
+        except ApiError as err:
+            log.warning("could not read the pods' resource usage; tried again next interval",
+                        extra={"error": str(err)})  # fmt: skip
+            return False
+        token = self._token() if usages else ""
+        if not token:
+            return False
+        payload = otlp_metrics(usages or [], s.namespace, key_values(self.resource()),
+                               time.time_ns())  # fmt: skip
+        try:
+            post_otlp(s.metrics_endpoint, payload, token)
+        except OSError as err:  # HTTPError and URLError too
+            log.warning("watchdog resource-usage export failed", extra={"error": str(err)})
+            return False
+        return True
+
     def _drop(self, count: int) -> None:
         for _ in range(count):
             self._pending.popleft()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            try:
-                self.check()
-                self.flush()
-            except ApiError as err:
-                log.warning("watchdog could not read the namespace", extra={"error": str(err)})
-            except Exception:  # a watchdog that crash-loops reports nothing: log, go on
-                log.exception("watchdog pass failed")
+            for step in (self._report, self.top):
+                try:
+                    step()
+                except ApiError as err:
+                    log.warning("watchdog could not read the namespace",
+                                extra={"error": str(err)})  # fmt: skip
+                except Exception:  # a watchdog that crash-loops reports nothing: log, go on
+                    log.exception("watchdog pass failed")
             stop.wait(self.settings.interval)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _report(self) -> None:
+        self.check()
+        self.flush()
+
     def _token(self) -> str:
         """The token of the Secret ("" while it is missing: records wait, bounded)."""
         s = self.settings

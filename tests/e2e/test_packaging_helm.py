@@ -450,6 +450,7 @@ def test_non_default_values_are_rendered() -> None:
     (dog,) = watchdog["spec"]["template"]["spec"]["containers"]
     assert dog["args"] == [
         "--interval=30s", "--metrics-interval=1m", "--logs-endpoint=https://logs.example.com",
+        "--metrics-endpoint=https://metrics.example.com",
         "--token-secret=my-lumigo-token", "--token-key=lumigo", "--cluster-name=prod-eu-1",
     ]  # fmt: skip
     assert dog["image"] == "registry.example.com/lumigo/operator:v9.9.9"

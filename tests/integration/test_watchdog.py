@@ -6,7 +6,10 @@ records, with each Event's root owner walked through the API under the install's
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +34,7 @@ from controller.telemetry.watchdog import (
     Watchdog,
     WatchdogSettings,
 )
-from localcluster import ROOT, LocalCluster
+from localcluster import ROOT, LocalCluster, wait_until
 from tests.e2e.packaging_support import service_account_kubeconfig
 from tests.support.otel import LogSeen, running_sink
 
@@ -412,3 +415,38 @@ def test_an_owner_it_may_not_read_ends_the_walk_at_what_is_known(
     assert "k8s.cluster.uid" not in event.resource
     assert "k8s.namespace.uid" not in event.resource
     assert event.resource["service.name"] == SERVICE_NAME
+
+
+def test_without_metrics_server_the_other_reports_go_on_and_it_logs_once(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, watchdog_account: str,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """This API server serves no metrics.k8s.io: read as the watchdog's own ServiceAccount
+    (config/watchdog's RBAC lets it list pods.metrics.k8s.io, so the answer is 404, not 403),
+    the resource-usage gauges are skipped, one line says so, and the pod reports keep coming,
+    pass after pass, without a warning."""
+    pod(kube, namespace, "manager", "controller-manager")
+    set_status(kube, namespace, "manager", ready=True, restarts=0)
+    caplog.set_level(logging.INFO, logger="lumigo.watchdog")
+    config = service_account_kubeconfig(cluster, namespace, watchdog_account,
+                                        tmp_path / "kubeconfig")  # fmt: skip
+    as_watchdog = KubeClient.from_kubeconfig(config)
+    with running_sink() as sink:
+        dog = watchdog(kube, namespace, sink.url, [], as_client=as_watchdog,
+                       secret="lumigo-credentials")  # fmt: skip
+        dog.settings = dataclasses.replace(
+            dog.settings, interval=0.2, metrics_endpoint=f"{sink.url}/v1/metrics", top_interval=0
+        )
+        stop = threading.Event()
+        thread = threading.Thread(target=dog.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: len(pod_records(sink.logs(), "manager")) >= 4, 60,
+                       "four passes of pod reports")  # fmt: skip
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not [r for r in sink.requests if r.path == "/v1/metrics"]
+    unavailable = [r for r in caplog.records if "metrics.k8s.io is not served" in r.getMessage()]
+    assert len(unavailable) == 1, [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
