@@ -450,3 +450,43 @@ def test_without_metrics_server_the_other_reports_go_on_and_it_logs_once(
     unavailable = [r for r in caplog.records if "metrics.k8s.io is not served" in r.getMessage()]
     assert len(unavailable) == 1, [r.getMessage() for r in caplog.records]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_refused_resource_usage_read_is_tried_each_pass_and_stops_nothing(
+    cluster: LocalCluster, kube: KubeClient, namespace: str, watchdog_account: str,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Without the RBAC rule for pods.metrics.k8s.io (403, not 'not served'): a warning each
+    pass, tried again next interval, and the pod reports keep coming."""
+    role = watchdog_account  # config/watchdog names its Role as its ServiceAccount
+    rules = json.loads(cluster.kubectl("get", "role", role, "-n", namespace, "-o", "json"))["rules"]
+    kept = [r for r in rules if "metrics.k8s.io" not in r.get("apiGroups", [])]
+    assert len(kept) == len(rules) - 1, "config/watchdog grants pods.metrics.k8s.io"
+    cluster.kubectl("patch", "role", role, "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"rules": kept}))  # fmt: skip
+    pod(kube, namespace, "manager", "controller-manager")
+    set_status(kube, namespace, "manager", ready=True, restarts=0)
+    caplog.set_level(logging.INFO, logger="lumigo.watchdog")
+    config = service_account_kubeconfig(cluster, namespace, watchdog_account,
+                                        tmp_path / "kubeconfig")  # fmt: skip
+    as_watchdog = KubeClient.from_kubeconfig(config)
+    with running_sink() as sink:
+        dog = watchdog(kube, namespace, sink.url, [], as_client=as_watchdog,
+                       secret="lumigo-credentials")  # fmt: skip
+        dog.settings = dataclasses.replace(
+            dog.settings, interval=0.2, metrics_endpoint=f"{sink.url}/v1/metrics", top_interval=0
+        )
+        stop = threading.Event()
+        thread = threading.Thread(target=dog.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            wait_until(lambda: len(pod_records(sink.logs(), "manager")) >= 4, 60,
+                       "four passes of pod reports")  # fmt: skip
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not [r for r in sink.requests if r.path == "/v1/metrics"]
+    refused = [r for r in caplog.records
+               if "could not read the pods' resource usage" in r.getMessage()]  # fmt: skip
+    assert len(refused) >= 3, "tried again each pass"
+    assert not [r for r in caplog.records if "not served" in r.getMessage()]
