@@ -222,6 +222,7 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
     settings = ProxySettings(
         upstream_endpoint=opts.telemetry_upstream_endpoint or DEFAULT_UPSTREAM,
         upstream_logs_endpoint=opts.telemetry_upstream_logs_endpoint,
+        upstream_metrics_endpoint=opts.telemetry_upstream_metrics_endpoint,
         origin=Origin(
             cluster_name=opts.cluster_name,
             operator_version=opts.operator_version,
@@ -232,7 +233,14 @@ def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
         redaction=Redaction(opts.telemetry_redact_env_values, opts.telemetry_redact_annotations),
         k8s_enricher=opts.telemetry_proxy_enricher,
     )
-    telemetry = TelemetryProxyReconciler(client, lumigoes, target, settings, workloads=workloads)
+    telemetry = TelemetryProxyReconciler(
+        client,
+        lumigoes,
+        target,
+        settings,
+        workloads=workloads,
+        cluster_token=(opts.cluster_token_secret, opts.cluster_token_key),
+    )
     manager.add_controller(telemetry.controller())
     agent = ClusterAgentReconciler(
         client,

@@ -39,19 +39,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
 
 import yaml
 
 from controller.telemetry.config import (
     DURATION,
     ROOT_OWNER_CHAIN,
+    SELF_METRICS_JOB,
     ProxySettings,
     escape_expansion,
     k8s_enricher_config,
     k8s_extract,
     logs_url,
+    metric_name_matches,
+    metrics_url,
     operator_attributes,
+    prometheus_bookkeeping_filter,
+    self_metrics_job,
     self_telemetry,
 )
 
@@ -126,7 +130,7 @@ JOB_NODE_EXPORTER = "prometheus-node-exporter"
 JOB_KUBE_STATE_METRICS = "kube-state-metrics"
 # (The collector's own series arrive with its own resource, from its target_info: service.name
 # is the collector's, not this job's, as with the reference's self-scrape.)
-JOB_SELF = "lumigo-operator-self-metrics"
+JOB_SELF = SELF_METRICS_JOB
 # The kubelet's resource endpoint repeats these cAdvisor series: dropped there.
 RESOURCES_DUPLICATES = (
     "container_cpu_usage_seconds_total",
@@ -142,15 +146,6 @@ NODE_EXPORTER_DUPLICATES = (
     "process_open_fds",
     "process_max_fds",
     "process_cpu_seconds_total",
-)
-# Series never sent (scrape bookkeeping, Go runtime, API-server client internals).
-PROMETHEUS_EXCLUDED = (
-    "scrape_.+",
-    "up",
-    "go_.+",
-    "apiserver_.+",
-    "authentication_token_.+",
-    "aggregator_discovery_aggregation_count",
 )
 # node-exporter runs in the agent's pod (`controller.telemetry.agent`), on this port.
 NODE_EXPORTER_PORT = 9100
@@ -419,21 +414,17 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
         if not job["metric_relabel_configs"]:
             del job["metric_relabel_configs"]
     receivers["prometheus/infra"] = {"config": {"scrape_configs": jobs}}
-    own = _static_job(m, JOB_SELF, f"127.0.0.1:{s.proxy.metrics_port}", [])
-    del own["metric_relabel_configs"]
+    own = self_metrics_job(f"127.0.0.1:{s.proxy.metrics_port}", m.interval)
     receivers["prometheus/self"] = {"config": {"scrape_configs": [own]}}
     processors["resource/node"] = {"attributes": []}
-    processors["filter/prometheus"] = {
-        "error_mode": "ignore",
-        "metrics": {"metric": [_matches(PROMETHEUS_EXCLUDED)]},
-    }
+    processors["filter/prometheus"] = prometheus_bookkeeping_filter()
     exporter = config["exporters"]["otlp_http/lumigo"]
     exporter["metrics_endpoint"] = metrics_url(m.upstream_endpoint or s.proxy.upstream_endpoint)
     head: list[str] = []
     if m.essential_only:
         processors["filter/essential"] = {
             "error_mode": "ignore",
-            "metrics": {"metric": [f"not {_matches(m.essential)}"]},
+            "metrics": {"metric": [f"not {metric_name_matches(m.essential)}"]},
         }
         head = ["filter/essential"]
     tail = [p for p in enrich if p in ("resource/lumigo", "batch")]
@@ -481,12 +472,6 @@ def _essential_keep(m: MetricsSettings) -> list[JSON]:
     if not m.essential_only:
         return []
     return [{"source_labels": ["__name__"], "action": "keep", "regex": "|".join(m.essential)}]
-
-
-def _matches(patterns: tuple[str, ...]) -> str:
-    """An OTTL condition: the metric's whole name matches one of `patterns` (checked ones)."""
-    joined = "|".join(patterns).replace("\\", "\\\\")
-    return f'IsMatch(name, "^(?:{joined})$")'
 
 
 def _kubelet_job(m: MetricsSettings, name: str, path: str, in_cluster: bool,
@@ -538,13 +523,6 @@ def _kube_state_metrics(m: MetricsSettings, keep: list[JSON]) -> JSON:
         ],
         "metric_relabel_configs": list(keep),
     }
-
-
-def metrics_url(endpoint: str) -> str:
-    """The exporter's full metrics URL (a bare host gets /v1/metrics)."""
-    if urlparse(endpoint).path in ("", "/"):
-        return endpoint.rstrip("/") + "/v1/metrics"
-    return endpoint
 
 
 def _filelog(s: AgentSettings) -> JSON:

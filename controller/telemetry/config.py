@@ -15,7 +15,8 @@ Two kinds of pipelines share one upstream collector:
   tenant's own exporter (its token, its own bounded queue and batches). A tenant is a token: the
   namespaces whose Lumigoes share one share its pipeline.
 - one events pipeline per namespace whose active Lumigo wants Kubernetes events: a
-  `k8s_objects` receiver watching Events and the 7 object kinds of that namespace only, exported
+  `k8s_objects` receiver watching Events and the 7 object kinds of that namespace only, and
+  listing them at start and every `objects_pull_interval` (10 minutes, as the reference), exported
   with that namespace's token. One receiver and exporter per namespace (rather than a routing
   table) keeps tenants apart by construction: a namespace's records can only reach the exporter
   that carries its own token. The receivers run only on the Lease holder
@@ -28,6 +29,9 @@ Two kinds of pipelines share one upstream collector:
   (Pod -> ReplicaSet -> Deployment, Pod -> Job -> CronJob), and the involved object's version is
   sent as an object record when the pipeline has not carried it; without it (the upstream
   image), OTTL sets it from the pod's owner chain k8s_attributes knows, or the workload itself.
+- with the cluster token (the `lumigoToken` Secret of the operator's namespace, as the
+  reference's infrastructure token), the proxy's own `otelcol_*` metrics, scraped from itself
+  under the job `lumigo-operator-self-metrics` and sent with that token; never a tenant's.
 - in each events pipeline, the namespace heartbeat: a second receiver pulls the namespace's
   Lumigo resources every `heartbeat_interval` (hourly by default), so the backend sees each one's
   spec and status as a log record of scope `lumigo-operator.namespace_heartbeat` (set by a
@@ -77,6 +81,19 @@ HEARTBEAT_KIND = "Lumigo"
 # The scopes of Kubernetes Event records and of the other objects' records, as the reference.
 EVENTS_SCOPE = "lumigo-operator.k8s-events"
 OBJECTS_SCOPE = "lumigo-operator.k8s-objects"
+# The scrape job of the collectors' own metrics, and their service.name, as the reference's.
+SELF_METRICS_JOB = "lumigo-operator-self-metrics"
+COLLECTOR_SERVICE_NAME = "lumigo-collector"
+
+# Series never sent (scrape bookkeeping, Go runtime, API-server client internals).
+PROMETHEUS_EXCLUDED = (
+    "scrape_.+",
+    "up",
+    "go_.+",
+    "apiserver_.+",
+    "authentication_token_.+",
+    "aggregator_discovery_aggregation_count",
+)
 # A collector duration: what `heartbeat_interval` may be (it comes from a flag).
 DURATION = re.compile(r"^[1-9][0-9]{0,5}(ms|s|m|h)$")
 
@@ -187,6 +204,8 @@ class ProxySettings:
     # Where logs go when elsewhere than traces: a full URL (https://host/v1/logs), or a bare host
     # like the chart's default `endpoint.otlp.logs_url`, which gets the OTLP path /v1/logs.
     upstream_logs_endpoint: str = ""
+    # Where the proxy's own metrics go when elsewhere than traces (a bare host gets /v1/metrics).
+    upstream_metrics_endpoint: str = ""
     origin: Origin = Origin()
     # Where the proxy's Lease lives (the proxy's own namespace) and its name.
     lease_namespace: str = "lumigo-system"
@@ -215,6 +234,9 @@ class ProxySettings:
     events_queue_items: int = 20_000
     # How often each monitored namespace's Lumigo resources are sent (the heartbeat).
     heartbeat_interval: str = "1h"
+    # How often each monitored namespace's Events and objects are listed again besides the watch
+    # (as the reference): what a watch gap lost, or an Event the backend missed, arrives again.
+    objects_pull_interval: str = "10m"
     # What the object collection redacts before it leaves (controller.telemetry.redaction).
     redaction: Redaction = field(default_factory=Redaction)
     # The proxy image has this repository's `lumigo_k8s_enricher` processor (collector/): only
@@ -225,6 +247,10 @@ class ProxySettings:
     k8s_enricher_cache_size: int = 4096
     k8s_enricher_cache_ttl: str = "1m"
     log_level: str = "info"
+    # The cluster token (read by the reconciler at each pass): with it, the proxy sends its own
+    # metrics every `self_metrics_interval`, as the reference does with its infrastructure token.
+    self_metrics_token: str = field(default="", repr=False)
+    self_metrics_interval: str = "30s"
 
     def __post_init__(self) -> None:
         for endpoint in filter(None, (self.upstream_endpoint, self.upstream_logs_endpoint)):
@@ -238,11 +264,15 @@ class ProxySettings:
             raise ValueError("invalid telemetry upstream endpoint '': it is required")
         if self.kube_auth not in ("serviceAccount", "kubeConfig"):
             raise ValueError(f"invalid kube_auth {self.kube_auth!r}")
-        if not DURATION.match(self.heartbeat_interval):
-            raise ValueError(
-                f"invalid heartbeat interval {self.heartbeat_interval!r}: expected a duration "
-                "such as 1h, 10m or 30s"
-            )
+        for what, interval in (
+            ("heartbeat interval", self.heartbeat_interval),
+            ("objects pull interval", self.objects_pull_interval),
+            ("self-metrics interval", self.self_metrics_interval),
+        ):
+            if not DURATION.match(interval):
+                raise ValueError(
+                    f"invalid {what} {interval!r}: expected a duration such as 1h, 10m or 30s"
+                )
 
 
 def render(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> str:
@@ -332,7 +362,55 @@ def build(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> 
     _add_tenant_pipelines(config, active, s)
     if monitored:
         _add_events_pipelines(config, monitored, s)
+    if s.self_metrics_token:
+        _add_self_metrics_pipeline(config, s)
     return config
+
+
+def _add_self_metrics_pipeline(config: JSON, s: ProxySettings) -> None:
+    """The proxy's own `otelcol_*` series, scraped from its metrics port like the reference's
+    `prometheus/collector-self-metrics`, exported with the cluster token only."""
+    host = "127.0.0.1" if s.listen_host in ("0.0.0.0", "") else s.listen_host  # noqa: S104
+    config["receivers"]["prometheus/self"] = {
+        "config": {"scrape_configs": [self_metrics_job(f"{host}:{s.metrics_port}",
+                                                       s.self_metrics_interval)]}
+    }  # fmt: skip
+    config["processors"]["filter/self"] = prometheus_bookkeeping_filter()
+    config["processors"]["batch/self"] = {}
+    config["exporters"]["otlp_http/self"] = {
+        "metrics_endpoint": metrics_url(s.upstream_metrics_endpoint or s.upstream_endpoint),
+        "headers": {"Authorization": f"LumigoToken {s.self_metrics_token}"},
+    }
+    config["service"]["pipelines"]["metrics/self"] = {
+        "receivers": ["prometheus/self"],
+        "processors": ["filter/self", "resource/lumigo", "batch/self"],
+        "exporters": ["otlp_http/self"],
+    }
+
+
+def prometheus_bookkeeping_filter() -> JSON:
+    """A `filter` processor dropping what a Prometheus scrape adds besides the target's own
+    series (`PROMETHEUS_EXCLUDED`), as the reference's `filter/filter-prom-metrics`."""
+    return {
+        "error_mode": "ignore",
+        "metrics": {"metric": [metric_name_matches(PROMETHEUS_EXCLUDED)]},
+    }
+
+
+def metric_name_matches(patterns: tuple[str, ...]) -> str:
+    """An OTTL condition: the metric's whole name matches one of `patterns` (checked ones)."""
+    joined = "|".join(patterns).replace("\\", "\\\\")
+    return f'IsMatch(name, "^(?:{joined})$")'
+
+
+def self_metrics_job(target: str, interval: str) -> JSON:
+    """The scrape of a collector's own metrics (the proxy's and the cluster agent's), under the
+    reference's job name: the backend tells the operator's collectors' series by it."""
+    return {
+        "job_name": SELF_METRICS_JOB,
+        "scrape_interval": interval,
+        "static_configs": [{"targets": [target]}],
+    }
 
 
 def _k8s_attributes(s: ProxySettings) -> JSON:
@@ -467,6 +545,9 @@ def self_telemetry(s: ProxySettings) -> JSON:
     }
     return {
         "logs": {"level": s.log_level, "encoding": "json"},
+        # The service.name of the collector's own series: the one the reference's collector
+        # distribution has, by which the Lumigo backend recognises them.
+        "resource": {"service.name": COLLECTOR_SERVICE_NAME},
         "metrics": {
             "level": "normal",
             "readers": [{"pull": {"exporter": {"prometheus": prometheus}}}],
@@ -486,6 +567,13 @@ def logs_url(endpoint: str) -> str:
     with `endpoint.otlp.logs_url`; posting to `/` would have every record refused with 404."""
     if urlparse(endpoint).path in ("", "/"):
         return endpoint.rstrip("/") + "/v1/logs"
+    return endpoint
+
+
+def metrics_url(endpoint: str) -> str:
+    """The exporter's full metrics URL (a bare host gets /v1/metrics)."""
+    if urlparse(endpoint).path in ("", "/"):
+        return endpoint.rstrip("/") + "/v1/metrics"
     return endpoint
 
 
@@ -578,12 +666,17 @@ def _add_events_pipelines(
         config["receivers"][f"k8s_objects/{ns.name}"] = {
             "auth_type": s.kube_auth,
             "k8s_leader_elector": "k8s_leader_elector",
-            # A new leader (restart, rollout, failover) first sends what exists, so a gap in
+            # Watched, and pulled at once and every objects_pull_interval, as the reference: a
+            # new leader (restart, rollout, failover) first sends what exists, and a gap in
             # watching becomes duplicates downstream rather than lost object versions.
-            "include_initial_state": True,
-            "objects": [_watch(name, group, ns.name) for name, group in COLLECTED_OBJECTS],
+            "objects": [
+                *(_watch(name, group, ns.name) for name, group in COLLECTED_OBJECTS),
+                *(
+                    _pull(name, group, ns.name, s.objects_pull_interval)
+                    for name, group in COLLECTED_OBJECTS
+                ),
+            ],
         }
-        # Its own receiver: include_initial_state is for watches only.
         config["receivers"][f"k8s_objects/heartbeat-{ns.name}"] = {
             "auth_type": s.kube_auth,
             "k8s_leader_elector": "k8s_leader_elector",
@@ -684,8 +777,15 @@ def root_owner_reference_statements() -> list[str]:
 def _heartbeat(namespace: str, interval: str) -> JSON:
     """The namespace's Lumigo resources, pulled at start and every `interval`."""
     name, group = HEARTBEAT_OBJECTS
-    return {"name": name, "group": group, "mode": "pull", "interval": interval,
-            "namespaces": [namespace]}  # fmt: skip
+    return _pull(name, group, namespace, interval)
+
+
+def _pull(name: str, group: str, namespace: str, interval: str) -> JSON:
+    """Objects listed at start and every `interval`: each one a record of its own."""
+    pull: JSON = {"name": name, "mode": "pull", "interval": interval, "namespaces": [namespace]}
+    if group:
+        pull["group"] = group
+    return pull
 
 
 def _watch(name: str, group: str, namespace: str) -> JSON:

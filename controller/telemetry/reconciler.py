@@ -189,6 +189,9 @@ class TelemetryProxyReconciler:
     # label in namespaces without a Lumigo send with the token their labels name, and the proxy
     # accepts only the tokens it knows.
     workloads: Mapping[str, Informer] = field(default_factory=dict)
+    # The cluster token's Secret (name, key) in the proxy's namespace: while it holds a valid
+    # token, the proxy sends its own metrics with it (read at each pass, so rotations count).
+    cluster_token: tuple[str, str] | None = None
     # Namespace UIDs by the UID of the Lumigo that put the namespace in: a namespace deleted
     # and created again under the same name comes back with a new Lumigo, so a new entry.
     _namespace_uids: dict[str, str] = field(default_factory=dict, init=False)
@@ -332,7 +335,7 @@ class TelemetryProxyReconciler:
 
     def rendering_settings(self) -> ProxySettings:
         """The settings `render` gets: the Lease next to the proxy, where its Role allows it,
-        and the cluster's UID."""
+        the cluster's UID and the cluster token."""
         t = self.target
         settings = replace(
             self.settings,
@@ -342,6 +345,11 @@ class TelemetryProxyReconciler:
         if not settings.origin.cluster_uid:
             origin = replace(settings.origin, cluster_uid=self._identity.uid())
             settings = replace(settings, origin=origin)
+        if self.cluster_token is not None:
+            name, key = self.cluster_token
+            secret = self.client.get_or_none(SECRETS, name, t.namespace)  # a failure raises
+            token = secret_token(secret, key) if secret is not None else None
+            settings = replace(settings, self_metrics_token=token or "")
         return settings
 
     # -- over the size cap -----------------------------------------------------------------------

@@ -41,7 +41,14 @@ from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryPr
 from controller.telemetry.redaction import LAST_APPLIED, REDACTED, Redaction
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
-from tests.support.otel import LogSeen, OTLPSink, local_settings, running_collector, running_sink
+from tests.support.otel import (
+    LogSeen,
+    MetricSeen,
+    OTLPSink,
+    local_settings,
+    running_collector,
+    running_sink,
+)
 from tests.support.workloads import one_container_deployment
 
 JSON = dict[str, Any]
@@ -348,6 +355,69 @@ def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_tok
         lumigoes.stop()
 
 
+def test_the_proxy_sends_its_own_metrics_with_the_cluster_token_only(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """As the reference's `prometheus/collector-self-metrics`: with the cluster token's Secret in
+    the proxy's namespace, the proxy scrapes its own `otelcol_*` series under the job
+    lumigo-operator-self-metrics and sends them with that token, never with a tenant's."""
+    run = uuid.uuid4().hex[:8]
+    monitored = namespaces["monitored"]
+    tenant_token, cluster_token = random_token(), random_token()
+    create_token_secret(kube, monitored, tenant_token)
+    create_lumigo(kube, monitored)
+    kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, monitored)
+    set_active(kube, monitored)
+    create_token_secret(kube, namespace, cluster_token, name="cluster-credentials")
+    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
+    lumigoes.start()
+    settings = local_settings(sink.url, namespace, self_metrics_interval="2s")
+    target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
+    reconciler = TelemetryProxyReconciler(
+        kube, lumigoes, target, settings, cluster_token=("cluster-credentials", "token")
+    )
+
+    def own() -> list[MetricSeen]:
+        return [m for m in sink.metrics() if m.name.startswith("otelcol_")]
+
+    try:
+        wait_until(lambda: lumigoes.has_synced() and lumigoes.store.list(), 30, "the Lumigo")
+        assert reconciler.sync()
+        secret = kube.get(SECRETS, target.secret_name, namespace)
+        config = base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+        with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+            wait_until(
+                lambda: (
+                    {"otelcol_process_uptime", "otelcol_receiver_accepted_log_records"}
+                    <= {m.name for m in own()}
+                ),
+                60,
+                "the proxy's own uptime and receiver series at the sink",
+            )
+    finally:
+        lumigoes.stop()
+    metrics = sink.metrics()
+    assert {m.authorization for m in own()} == {f"LumigoToken {cluster_token}"}
+    # The scrape's own bookkeeping is not sent, as the reference's filter-prom-metrics.
+    names = {m.name for m in metrics}
+    assert not {"up", "scrape_duration_seconds", "scrape_samples_scraped"} & names, names
+    assert not [m for m in metrics if tenant_token in m.authorization]
+    for metric in own():
+        # The reference's collector name, by which the backend recognises these series.
+        assert metric.resource["service.name"] == "lumigo-collector"
+        assert metric.resource["k8s.cluster.name"] == "local-test"
+        assert metric.resource["lumigo.k8s_operator.version"]
+    # Without the Secret the pipeline is gone: the proxy sends nothing of its own.
+    kube.delete(SECRETS, "cluster-credentials", namespace)
+    assert "metrics/self" not in render([], reconciler.rendering_settings())
+
+
 def owned_pod(kube: KubeClient, namespace: str) -> tuple[JSON, JSON]:
     """A Deployment, a ReplicaSet it controls and a Pod of that ReplicaSet, made by hand (the
     cluster may run no controllers) so that no controller changes them: (deployment, pod)."""
@@ -545,6 +615,42 @@ def test_events_and_objects_arrive_as_the_objects_under_the_references_scopes(
         assert isinstance(record.body, dict)
         assert set(record.body) != {"type", "object"}, record.body  # never the watch event
         assert (record.body["kind"] == "Event") is (record.scope == EVENTS_SCOPE)
+
+
+def test_unchanged_objects_and_events_are_listed_again_every_pull_interval(
+    cluster: LocalCluster,
+    kube: KubeClient,
+    *,
+    namespace: str,
+    namespaces: dict[str, str],
+    sink: OTLPSink,
+    tmp_path: Path,
+) -> None:
+    """Besides the watch, each namespace's objects and Events are listed at start and every pull
+    interval (10 minutes by default, 3 s here), as the reference: an object nobody changes still
+    arrives again, as the same version, so what a watch gap lost reaches the backend."""
+    monitored = namespaces["monitored"]
+    deployment(kube, monitored, "steady")
+    crash_looping_pod(kube, monitored, "steady-crash")
+    version = kube.get(EVENTS, "steady-crash.backoff", monitored)["metadata"]["resourceVersion"]
+    uid = kube.get(NAMESPACES, monitored)["metadata"]["uid"]
+    settings = local_settings(sink.url, namespace, objects_pull_interval="3s")
+    config = render([MonitoredNamespace(monitored, uid, random_token())], settings)
+    with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        wait_until(
+            lambda: (
+                len(records_of(sink, OBJECTS_SCOPE, "Deployment", "steady")) >= 3
+                and len(records_of(sink, EVENTS_SCOPE, "Event", "steady-crash.backoff")) >= 3
+            ),
+            60,
+            "the Deployment and the Event listed three times",
+        )
+    # Nobody changed the Event: every record is the version it had before the collector started
+    # (the Deployment's controller may still write its status, so its versions are not checked).
+    events = records_of(sink, EVENTS_SCOPE, "Event", "steady-crash.backoff")
+    assert {e["metadata"]["resourceVersion"] for e in events} == {version}
+    for record in sink.logs():
+        assert set(record.body) != {"type", "object"}, record.body  # pulled or watched: the object
 
 
 def test_every_event_carries_its_farthest_owner_read_from_the_api(

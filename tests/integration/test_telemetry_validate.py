@@ -28,6 +28,8 @@ def test_rendered_config_passes_collector_validate(
     settings = ProxySettings(
         origin=Origin(cluster_name=cluster_name),
         upstream_logs_endpoint="https://logs.example.com/v1/logs" if cluster_name else "",
+        # With and without the proxy's own metrics (the cluster token).
+        self_metrics_token="t_0123456789abcdef01234" if count % 2 else "",
     )
     config.write_text(render(namespaces, settings))
     result = subprocess.run(

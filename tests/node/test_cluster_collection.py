@@ -282,12 +282,24 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     assert [p for m in about_writer("kube_pod_labels") for p in m.points if p.get("uid")]
 
     # The agent collector's own series (their resource is the collector's own, from its
-    # target_info: service.name otelcol-lumigo, not the job), labelled with the node.
+    # target_info: service.name lumigo-collector as the reference's, not the job), labelled
+    # with the node.
     def own() -> list[MetricSeen]:
         return [m for m in product.sink.metrics() if m.name.startswith("otelcol_")
                 and m.resource.get("k8s.node.name") == product.node.name]  # fmt: skip
 
     wait_for(own, 120, "the agent's own otelcol_* series")
+    assert {m.resource.get("service.name") for m in own()} == {"lumigo-collector"}
+
+    # The telemetry proxy's own series (no node: it is not an agent), with the cluster token,
+    # as the reference's collector-self-metrics pipeline sends them.
+    def proxy_own() -> list[MetricSeen]:
+        return [m for m in product.sink.metrics() if m.name.startswith("otelcol_")
+                and "k8s.node.name" not in m.resource]  # fmt: skip
+
+    wait_for(proxy_own, 180, "the telemetry proxy's own otelcol_* series")
+    assert {m.authorization for m in proxy_own()} == {f"LumigoToken {TOKEN}"}
+    assert {m.resource.get("service.name") for m in proxy_own()} == {"lumigo-collector"}
 
     # essentialOnly with the reference's default list (regular expressions matched against
     # whole names): after the agents roll, only matching series arrive, plus the collector's own.

@@ -76,10 +76,15 @@ def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
     for name, token in (("shop", TOKEN_A), ("billing", TOKEN_B)):
         receiver = config["receivers"][f"k8s_objects/{name}"]
         assert receiver["k8s_leader_elector"] == "k8s_leader_elector"
-        assert {(o["name"], o.get("group", "")) for o in receiver["objects"]} == set(
-            COLLECTED_OBJECTS
-        )
-        assert all(o["namespaces"] == [name] and o["mode"] == "watch" for o in receiver["objects"])
+        # Each kind watched, and listed at start and every 10 minutes, as the reference.
+        for mode in ("watch", "pull"):
+            assert {
+                (o["name"], o.get("group", "")) for o in receiver["objects"] if o["mode"] == mode
+            } == set(COLLECTED_OBJECTS)
+        assert all(o["namespaces"] == [name] for o in receiver["objects"])
+        assert {o["interval"] for o in receiver["objects"] if o["mode"] == "pull"} == {"10m"}
+        assert len(receiver["objects"]) == 2 * len(COLLECTED_OBJECTS)
+        assert "include_initial_state" not in receiver  # the first pull sends what exists
         exporter = config["exporters"][f"otlp_http/ns-{name}"]
         assert exporter["headers"] == {"Authorization": f"LumigoToken {token}"}
         assert pipelines[f"logs/ns-{name}"]["receivers"] == [
@@ -201,6 +206,8 @@ def test_each_namespace_heartbeat_pulls_its_lumigoes_and_leaves_with_its_own_tok
 def test_a_heartbeat_interval_that_is_not_a_duration_is_refused(interval: str) -> None:
     with pytest.raises(ValueError, match="invalid heartbeat interval"):
         ProxySettings(heartbeat_interval=interval)
+    with pytest.raises(ValueError, match="invalid objects pull interval"):
+        ProxySettings(objects_pull_interval=interval)
 
 
 def test_events_get_their_root_owner_after_the_pods_owner_chain() -> None:
@@ -298,3 +305,32 @@ def test_only_events_about_the_seven_collected_kinds_with_a_uid_are_sent() -> No
     assert condition.count('log.body["involvedObject"]["kind"] == ') == len(pairs)
     processors = config["service"]["pipelines"]["logs/ns-shop"]["processors"]
     assert processors.index("filter/events") == processors.index("transform/k8s_objects") + 1
+
+
+def test_the_proxy_sends_its_own_metrics_only_with_the_cluster_token() -> None:
+    """As the reference's collector-self-metrics pipeline: the proxy's own series, scraped from
+    its metrics port under the reference's job, leave with the cluster token; without one,
+    nothing of its own leaves (and never with a tenant's token)."""
+    assert "prometheus/self" not in build([ns("shop")], ProxySettings())["receivers"]
+    settings = ProxySettings(
+        self_metrics_token=TOKEN_B,
+        upstream_metrics_endpoint="https://metrics.example.com",
+        metrics_port=9999,
+    )
+    config = build([ns("shop", TOKEN_A)], settings)
+    (job,) = config["receivers"]["prometheus/self"]["config"]["scrape_configs"]
+    assert job["job_name"] == "lumigo-operator-self-metrics"
+    assert job["static_configs"] == [{"targets": ["127.0.0.1:9999"]}]
+    assert config["exporters"]["otlp_http/self"] == {
+        "metrics_endpoint": "https://metrics.example.com/v1/metrics",
+        "headers": {"Authorization": f"LumigoToken {TOKEN_B}"},
+    }
+    pipeline = config["service"]["pipelines"]["metrics/self"]
+    assert pipeline["exporters"] == ["otlp_http/self"]
+    assert pipeline["processors"][0] == "filter/self"  # scrape bookkeeping dropped first
+    assert config["service"]["telemetry"]["resource"] == {"service.name": "lumigo-collector"}
+    assert TOKEN_B not in repr(settings)
+    # Only this pipeline carries the cluster token.
+    for name, exporter in config["exporters"].items():
+        if name != "otlp_http/self":
+            assert TOKEN_B not in str(exporter)
