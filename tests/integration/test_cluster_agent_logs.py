@@ -100,4 +100,7 @@ def test_json_lines_become_maps_and_other_lines_stay_strings(
     assert deep.endswith("}" * 10)
     for record in seen:
         assert record.resource["k8s.pod.uid"] == uid
+        # From the file's path, as the reference's log-file collector sends them.
+        assert record.resource["k8s.container.name"] == "app"
+        assert record.resource["k8s.container.restart_count"] == "0"
         assert record.authorization == f"LumigoToken {TOKEN}"
