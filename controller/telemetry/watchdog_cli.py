@@ -8,7 +8,7 @@ import signal
 import threading
 
 from controller.runtime.kube import KubeClient
-from controller.telemetry.config import DEFAULT_UPSTREAM, logs_url
+from controller.telemetry.config import DEFAULT_UPSTREAM, logs_url, metrics_url
 from controller.telemetry.watchdog import Watchdog, WatchdogSettings
 
 
@@ -20,6 +20,10 @@ def run_watchdog(args: argparse.Namespace) -> int:
         token_key=args.token_key,
         interval=args.interval,
         metrics_interval=args.metrics_interval,
+        metrics_endpoint=""
+        if args.metrics_endpoint == "none"
+        else metrics_url(args.metrics_endpoint or DEFAULT_UPSTREAM),
+        top_interval=args.top_interval,
         cluster_name=args.cluster_name or "",
         own_pod=os.environ.get("POD_NAME", ""),
     )

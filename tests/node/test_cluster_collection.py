@@ -23,6 +23,8 @@ Issue 29 items 2 and 3: the log-file records come under the reference's scope
 `lumigo-operator.log_file_collector`, a JSON line as a map body; the watchdog names itself as the
 reference's (`lumigo-kubernetes-operator-watchdog`, the cluster's and namespace's UIDs) and sends
 the kubelet's BackOff Event in the reference's shape, its root owner the proxy's Deployment.
+With a real metrics-server serving metrics.k8s.io, it sends the reference's resource-usage gauges
+of its namespace's containers (`lumigo_operator_pod_container_resource_usage_cpu`/`_memory`).
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ from controller.telemetry.agent_config import (
     ROOT_OWNER_NAME,
     ROOT_OWNER_UID,
 )
+from controller.telemetry.top import CPU_METRIC, CPU_UNIT, MEMORY_METRIC, MEMORY_UNIT, METER
 from controller.telemetry.watchdog import EVENTS_SCOPE, SERVICE_NAME
 from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, get_json
 from tests.node.conftest import NodeHolder
+from tests.node.metrics_server import running_metrics_server
 from tests.node.product import (
     OPERATOR_NS,
     RELEASE,
@@ -58,7 +62,7 @@ from tests.node.product import (
     installed_product,
     wait_for,
 )
-from tests.support.otel import LogSeen, MetricSeen
+from tests.support.otel import LogSeen, MetricSeen, Received, attrs
 
 JSON = dict[str, Any]
 TOKEN = f"t_{uuid.uuid4().hex[:21]}"
@@ -428,3 +432,60 @@ def test_the_watchdog_reports_a_crash_looping_proxy(product: Product) -> None:
         "uid": proxy["uid"],
     }  # fmt: skip
     product.kubectl("rollout", "undo", f"deployment/{name}", "-n", OPERATOR_NS)
+
+
+def watchdog_top_points(product: Product, pod: str) -> list[tuple[Received, Any, Any, Any]]:
+    """(request, resource metrics, scope metrics, metric) of the watchdog's resource-usage
+    gauges about `pod`."""
+    return [
+        (r, rm, sm, m)
+        for r in list(product.sink.requests) if r.path == "/v1/metrics"
+        for rm in r.message.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name in (CPU_METRIC, MEMORY_METRIC)
+        and any(attrs(p.attributes).get("pod") == pod for p in m.gauge.data_points)
+    ]  # fmt: skip
+
+
+def test_the_watchdog_sends_its_containers_usage_from_a_real_metrics_server(
+    product: Product,
+) -> None:
+    """Issue 29: with metrics.k8s.io served by a real metrics-server (scraping the real
+    kubelet), the watchdog sends the reference's two gauges for each container of its namespace
+    (its own pod among them): names, units, kinds, the attributes namespace/pod/container, the
+    watchdog's resource and the cluster token, to the metrics endpoint. The API is read under
+    the chart's RBAC for the watchdog (get/list pods.metrics.k8s.io)."""
+    if not product.kubectl("get", "secret", "lumigo-credentials", "-n", OPERATOR_NS,
+                           "--ignore-not-found").strip():  # fmt: skip
+        product.release.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--wait",
+                             "--set", f"lumigoToken.value={TOKEN}")  # fmt: skip
+    (dog,) = product.pods(OPERATOR_NS, "app.kubernetes.io/component=watchdog")
+    name = dog["metadata"]["name"]
+    with running_metrics_server(product.cluster):
+        wait_for(
+            lambda: {m.name for *_, m in watchdog_top_points(product, name)} >= {CPU_METRIC,
+                                                                              MEMORY_METRIC},
+            120, "the watchdog's CPU and memory gauges about its own pod",
+        )  # fmt: skip
+    points = watchdog_top_points(product, name)
+    request, resource, scope, _ = points[-1]
+    assert request.headers["authorization"] == f"LumigoToken {TOKEN}"
+    identity = attrs(resource.resource.attributes)
+    assert identity["service.name"] == SERVICE_NAME
+    assert identity["k8s.namespace.name"] == OPERATOR_NS
+    assert identity["k8s.cluster.uid"]
+    assert scope.scope.name == METER
+    by_name = {m.name: m for *_, m in points}
+    cpu, memory = by_name[CPU_METRIC], by_name[MEMORY_METRIC]
+    assert (cpu.unit, memory.unit) == (CPU_UNIT, MEMORY_UNIT) == ("m", "By")
+    assert cpu.WhichOneof("data") == memory.WhichOneof("data") == "gauge"
+    (own_cpu,) = [p for p in cpu.gauge.data_points if attrs(p.attributes)["pod"] == name]
+    (own_memory,) = [p for p in memory.gauge.data_points if attrs(p.attributes)["pod"] == name]
+    assert attrs(own_cpu.attributes) == {"namespace": OPERATOR_NS, "pod": name,
+                                         "container": "watchdog"}  # fmt: skip
+    assert attrs(own_memory.attributes) == attrs(own_cpu.attributes)
+    assert own_cpu.WhichOneof("value") == "as_double"
+    assert own_cpu.as_double >= 0
+    assert own_memory.WhichOneof("value") == "as_int"
+    assert own_memory.as_int > 1_000_000
