@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal, DecimalException
 from typing import Any
 
 from controller.runtime.kube import KubeClient
@@ -38,6 +38,7 @@ CPU_UNIT, MEMORY_UNIT = "m", "By"
 METRICS_API = "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods"
 UNAVAILABLE = (404, 503)  # no metrics-server, or its APIService not available
 MAX_CONTAINERS = 200  # data points per gauge and pass
+MAX_QUANTITY = Decimal(2**53)  # cores or bytes: far above any usage, and exact in a double
 
 _QUANTITY = re.compile(
     r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
@@ -58,10 +59,12 @@ def parse_quantity(text: str) -> Decimal:
     number, exponent, suffix = match.groups()
     try:
         value = Decimal(number) * (Decimal(f"1{exponent}") if exponent else _SUFFIX[suffix or ""])
-    except InvalidOperation as err:
+    except DecimalException as err:
         raise ValueError(f"not a Kubernetes quantity: {text!r}") from err
     if value < 0:
         raise ValueError(f"a negative usage: {text!r}")
+    if value > MAX_QUANTITY:
+        raise ValueError(f"an impossible usage: {text!r}")
     return value
 
 
