@@ -20,8 +20,11 @@ Writer, agent and sink share the machine's cores, so these are floors for the ag
     .venv/bin/python bench/cluster_logs.py [--rate 2000] [--seconds 20] [--backlog 300000] [--json]
 
 `--json` writes JSON-object lines of the same size instead (each becomes a map body).
+`--without-json-parser` runs the agent without its `json-body` operator (the configuration
+before JSON-object lines became map bodies), to measure what that parse costs on the same lines.
 
-Prints a summary and writes bench/results/cluster_logs.json (`--json`: cluster_logs_json.json).
+Prints a summary and writes bench/results/cluster_logs.json (`--json`: cluster_logs_json.json;
+`--without-json-parser` adds `_without_json_parser` to the name).
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
+import yaml  # noqa: E402
+
 from controller.runtime.kube import KubeClient  # noqa: E402
 from controller.runtime.resources import PODS  # noqa: E402
-from controller.telemetry.agent_config import AgentSettings, render_agent  # noqa: E402
+from controller.telemetry.agent_config import AgentSettings, build_agent  # noqa: E402
 from localcluster import FAKE_NODE, running, wait_until  # noqa: E402
 from tests.support.otel import Collector, local_settings, running_sink  # noqa: E402
 
@@ -60,6 +65,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 JSON_LINES = False  # --json
+WITHOUT_JSON_PARSER = False  # --without-json-parser
 
 
 def cri_lines(start: int, count: int) -> str:
@@ -99,7 +105,13 @@ def agent(workdir: Path, sink_url: str, env: dict[str, str]) -> Collector:
     run = workdir / "agent"
     run.mkdir(exist_ok=True)
     env = {**env, "K8S_NODE_NAME": FAKE_NODE, "LUMIGO_CLUSTER_TOKEN": "t_0123456789abcdef01234"}
-    return Collector(render_agent(settings), run, proxy.health_port, env)
+    config = build_agent(settings)
+    if WITHOUT_JSON_PARSER:
+        filelog = config["receivers"]["filelog"]
+        filelog["operators"] = [o for o in filelog["operators"] if o.get("id") != "json-body"]
+    # As render_agent writes it.
+    text = yaml.safe_dump(config, sort_keys=True, width=1000)
+    return Collector(text, run, proxy.health_port, env)
 
 
 def steady(path: Path, sink: Any, pid: int, rate: int, seconds: float) -> dict[str, Any]:
@@ -134,11 +146,19 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--backlog", type=int, default=300_000, help="lines of the saturated phase")
     parser.add_argument("--json", action="store_true", help="JSON-object lines (map bodies)")
+    parser.add_argument(
+        "--without-json-parser",
+        action="store_true",
+        help="the agent without its json-body operator (every line stays a string)",
+    )
     args = parser.parse_args()
-    global JSON_LINES  # noqa: PLW0603 - one flag for the line writer
-    JSON_LINES = args.json
+    global JSON_LINES, WITHOUT_JSON_PARSER
+    JSON_LINES, WITHOUT_JSON_PARSER = args.json, args.without_json_parser
 
-    figures: dict[str, Any] = {"lines": "json" if args.json else "text"}
+    figures: dict[str, Any] = {
+        "lines": "json" if args.json else "text",
+        "json_parser": not args.without_json_parser,
+    }
     with running() as cluster, running_sink(count_only=True) as sink:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", NAMESPACE)
@@ -194,7 +214,9 @@ def main() -> int:
         "python": platform.python_version(),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
-    results = RESULTS.with_name("cluster_logs_json.json") if args.json else RESULTS
+    name = "cluster_logs" + ("_json" if args.json else "")
+    name += "_without_json_parser" if args.without_json_parser else ""
+    results = RESULTS.with_name(f"{name}.json")
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(figures, indent=2) + "\n")
     for key, value in figures.items():

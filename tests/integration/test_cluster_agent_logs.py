@@ -67,8 +67,12 @@ def test_json_lines_become_maps_and_other_lines_stay_strings(
     tag = "t-" + uid[:8]
     big = "y" * 600_000
     lines = [
+        # Indented, but the file's first record (nothing to join it to): still an object.
+        "  " + json.dumps({"tag": tag, "message": "indented first record"}),
         json.dumps({"tag": tag, "message": "hello", "level": "info", "n": 3, "ok": True}),
         f"{tag} a plain line",
+        "null",  # JSON, but not an object: stays text (not an empty map)
+        "42",
         f"{{{tag} looks like an object but is not",
         json.dumps([tag, "an array stays text"]),
         f'  {{"tag": "{tag}", "message": "indented: a continuation line"}}',
@@ -89,9 +93,12 @@ def test_json_lines_become_maps_and_other_lines_stay_strings(
     assert {r.scope for r in seen} == {LOG_FILE_SCOPE}
     maps = [r.body for r in seen if isinstance(r.body, dict)]
     strings = [r.body for r in seen if isinstance(r.body, str)]
-    assert maps[0] == {"tag": tag, "message": "hello", "level": "info", "n": 3, "ok": True}
-    assert [m["message"] for m in maps[1:]] == [big, "last"]
+    assert maps[0] == {"tag": tag, "message": "indented first record"}
+    assert maps[1] == {"tag": tag, "message": "hello", "level": "info", "n": 3, "ok": True}
+    assert [m["message"] for m in maps[2:]] == [big, "last"]
     assert f"{tag} a plain line" in strings
+    assert "null" in strings
+    assert "42" in strings
     assert f"{{{tag} looks like an object but is not" in strings
     # The indented line is a continuation, joined to the line before it, which stays text.
     continued = f'\n  {{"tag": "{tag}", "message": "indented: a continuation line"}}'
