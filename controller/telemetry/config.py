@@ -264,15 +264,15 @@ class ProxySettings:
             raise ValueError("invalid telemetry upstream endpoint '': it is required")
         if self.kube_auth not in ("serviceAccount", "kubeConfig"):
             raise ValueError(f"invalid kube_auth {self.kube_auth!r}")
-        for what, interval in (
-            ("heartbeat interval", self.heartbeat_interval),
-            ("objects pull interval", self.objects_pull_interval),
-            ("self-metrics interval", self.self_metrics_interval),
-        ):
-            if not DURATION.match(interval):
-                raise ValueError(
-                    f"invalid {what} {interval!r}: expected a duration such as 1h, 10m or 30s"
-                )
+        intervals = {
+            "heartbeat interval": self.heartbeat_interval,
+            "objects pull interval": self.objects_pull_interval,
+            "self-metrics interval": self.self_metrics_interval,
+        }
+        bad = [f"invalid {what} {value!r}" for what, value in intervals.items()
+               if not DURATION.match(value)]  # fmt: skip
+        if bad:
+            raise ValueError(f"{bad[0]}: expected a duration such as 1h, 10m or 30s")
 
 
 def render(namespaces: Iterable[MonitoredNamespace], settings: ProxySettings) -> str:
@@ -666,21 +666,26 @@ def _add_events_pipelines(
         config["receivers"][f"k8s_objects/{ns.name}"] = {
             "auth_type": s.kube_auth,
             "k8s_leader_elector": "k8s_leader_elector",
-            # Watched, and pulled at once and every objects_pull_interval, as the reference: a
-            # new leader (restart, rollout, failover) first sends what exists, and a gap in
+            # A new leader (restart, rollout, failover) first sends what exists, so a gap in
             # watching becomes duplicates downstream rather than lost object versions.
+            "include_initial_state": True,
+            "objects": [_watch(name, group, ns.name) for name, group in COLLECTED_OBJECTS],
+        }
+        # Another receiver (include_initial_state is for watches only): the same kinds listed
+        # every objects_pull_interval, as the reference (what a watch gap lost arrives again),
+        # and the namespace's Lumigoes every heartbeat_interval. Both are also listed at start,
+        # so each object arrives twice then: duplicates rather than the objects changed between
+        # this list and the watch's start.
+        config["receivers"][f"k8s_objects/pull-{ns.name}"] = {
+            "auth_type": s.kube_auth,
+            "k8s_leader_elector": "k8s_leader_elector",
             "objects": [
-                *(_watch(name, group, ns.name) for name, group in COLLECTED_OBJECTS),
+                _heartbeat(ns.name, s.heartbeat_interval),
                 *(
                     _pull(name, group, ns.name, s.objects_pull_interval)
                     for name, group in COLLECTED_OBJECTS
                 ),
             ],
-        }
-        config["receivers"][f"k8s_objects/heartbeat-{ns.name}"] = {
-            "auth_type": s.kube_auth,
-            "k8s_leader_elector": "k8s_leader_elector",
-            "objects": [_heartbeat(ns.name, s.heartbeat_interval)],
         }
         ns_attributes = [
             {"key": "k8s.namespace.name", "value": ns.name, "action": "upsert"},
@@ -701,7 +706,7 @@ def _add_events_pipelines(
             "sending_queue": {"sizer": "items", "queue_size": s.events_queue_items},
         }
         config["service"]["pipelines"][f"logs/ns-{ns.name}"] = {
-            "receivers": [f"k8s_objects/{ns.name}", f"k8s_objects/heartbeat-{ns.name}"],
+            "receivers": [f"k8s_objects/{ns.name}", f"k8s_objects/pull-{ns.name}"],
             # The enricher before redaction: the objects it sends are redacted too.
             "processors": [
                 "transform/k8s_objects",

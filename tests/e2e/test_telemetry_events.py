@@ -134,6 +134,31 @@ def seen(sink: OTLPSink, kind: str, name: str) -> list[LogSeen]:
     ]
 
 
+def active_lumigoes(kube: KubeClient, tokens: dict[str, str]) -> Informer:
+    """An active Lumigo with its token Secret in each namespace of `tokens`, and a started
+    informer that sees only these Lumigoes."""
+    run = uuid.uuid4().hex[:8]
+    for ns, token in tokens.items():
+        create_token_secret(kube, ns, token)
+        create_lumigo(kube, ns)
+        kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
+        set_active(kube, ns)
+    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
+    lumigoes.start()
+    wait_until(
+        lambda: sum(1 for o in lumigoes.store.list() if o.get("status")) == len(tokens),
+        30,
+        "the active Lumigoes in the informer",
+    )
+    return lumigoes
+
+
+def stored_config(kube: KubeClient, target: ProxyTarget) -> str:
+    """The proxy configuration the reconciler stored in its Secret."""
+    secret = kube.get(SECRETS, target.secret_name, target.namespace)
+    return base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+
+
 def test_events_and_objects_collected_per_namespace_with_its_token(
     cluster: LocalCluster,
     kube: KubeClient,
@@ -143,33 +168,19 @@ def test_events_and_objects_collected_per_namespace_with_its_token(
     sink: OTLPSink,
     tmp_path: Path,
 ) -> None:
-    run = uuid.uuid4().hex[:8]
     monitored, barrier, other = namespaces["monitored"], namespaces["barrier"], namespaces["other"]
     tokens = {monitored: random_token(), barrier: random_token()}
-    for ns, token in tokens.items():
-        create_token_secret(kube, ns, token)
-        create_lumigo(kube, ns)
-        kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
-        set_active(kube, ns)
-    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
-    lumigoes.start()
+    lumigoes = active_lumigoes(kube, tokens)
     settings = local_settings(sink.url, namespace)
     target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
     reconciler = TelemetryProxyReconciler(kube, lumigoes, target, settings)
-
-    def stored_config() -> str:
-        secret = kube.get(SECRETS, target.secret_name, namespace)
-        return base64.b64decode(secret["data"][CONFIG_KEY]).decode()
-
-    def active_seen() -> bool:
-        return sum(1 for o in lumigoes.store.list() if o.get("status")) == 2
-
     try:
-        wait_until(active_seen, 30, "both active Lumigoes in the informer")
         assert reconciler.sync()
         first = tmp_path / "first"
         first.mkdir()
-        with running_collector(stored_config(), first, settings.health_port, cluster.env()):
+        with running_collector(
+            stored_config(kube, target), first, settings.health_port, cluster.env()
+        ):
             deployment(kube, monitored, "web")
             crash_looping_pod(kube, monitored, "web-crash")
             deployment(kube, other, "web-other")
@@ -200,11 +211,13 @@ def test_events_and_objects_collected_per_namespace_with_its_token(
         kube.delete(LUMIGOES, "lumigo", monitored)
         wait_until(lambda: lumigoes.get(monitored, "lumigo") is None, 30, "the deletion")
         assert reconciler.sync()
-        assert f"k8s_objects/{monitored}" not in stored_config()
+        assert f"k8s_objects/{monitored}" not in stored_config(kube, target)
         before = len(sink.logs())
         second = tmp_path / "second"
         second.mkdir()
-        with running_collector(stored_config(), second, settings.health_port, cluster.env()):
+        with running_collector(
+            stored_config(kube, target), second, settings.health_port, cluster.env()
+        ):
             deployment(kube, monitored, "web-after-deletion")
             deployment(kube, barrier, "barrier")
             wait_until(
@@ -302,16 +315,9 @@ def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_tok
     """Every heartbeat interval (2 s here, hourly by default) each monitored namespace's Lumigo
     goes upstream whole, spec and status, under scope lumigo-operator.namespace_heartbeat and
     with that namespace's token; a namespace without a Lumigo sends none."""
-    run = uuid.uuid4().hex[:8]
     monitored, barrier = namespaces["monitored"], namespaces["barrier"]
     tokens = {monitored: random_token(), barrier: random_token()}
-    for ns, token in tokens.items():
-        create_token_secret(kube, ns, token)
-        create_lumigo(kube, ns)
-        kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, ns)
-        set_active(kube, ns)
-    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
-    lumigoes.start()
+    lumigoes = active_lumigoes(kube, tokens)
     settings = local_settings(sink.url, namespace, heartbeat_interval="2s")
     target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
     reconciler = TelemetryProxyReconciler(kube, lumigoes, target, settings)
@@ -324,14 +330,8 @@ def test_the_namespace_heartbeat_sends_each_lumigos_spec_and_status_with_its_tok
         ]
 
     try:
-        wait_until(
-            lambda: sum(1 for o in lumigoes.store.list() if o.get("status")) == 2,
-            30,
-            "both active Lumigoes in the informer",
-        )
         assert reconciler.sync()
-        secret = kube.get(SECRETS, target.secret_name, namespace)
-        config = base64.b64decode(secret["data"][CONFIG_KEY]).decode()
+        config = stored_config(kube, target)
         with running_collector(config, tmp_path, settings.health_port, cluster.env()):
             wait_until(
                 lambda: all(len(heartbeats(ns)) >= 2 for ns in tokens),
@@ -367,16 +367,9 @@ def test_the_proxy_sends_its_own_metrics_with_the_cluster_token_only(
     """As the reference's `prometheus/collector-self-metrics`: with the cluster token's Secret in
     the proxy's namespace, the proxy scrapes its own `otelcol_*` series under the job
     lumigo-operator-self-metrics and sends them with that token, never with a tenant's."""
-    run = uuid.uuid4().hex[:8]
-    monitored = namespaces["monitored"]
     tenant_token, cluster_token = random_token(), random_token()
-    create_token_secret(kube, monitored, tenant_token)
-    create_lumigo(kube, monitored)
-    kube.merge_patch(LUMIGOES, "lumigo", {"metadata": {"labels": {RUN_LABEL: run}}}, monitored)
-    set_active(kube, monitored)
+    lumigoes = active_lumigoes(kube, {namespaces["monitored"]: tenant_token})
     create_token_secret(kube, namespace, cluster_token, name="cluster-credentials")
-    lumigoes = Informer(kube, Selection(LUMIGOES, label_selector=f"{RUN_LABEL}={run}"))
-    lumigoes.start()
     settings = local_settings(sink.url, namespace, self_metrics_interval="2s")
     target = ProxyTarget(namespace, "telemetry-proxy-config", "telemetry-proxy")
     reconciler = TelemetryProxyReconciler(
@@ -387,11 +380,10 @@ def test_the_proxy_sends_its_own_metrics_with_the_cluster_token_only(
         return [m for m in sink.metrics() if m.name.startswith("otelcol_")]
 
     try:
-        wait_until(lambda: lumigoes.has_synced() and lumigoes.store.list(), 30, "the Lumigo")
         assert reconciler.sync()
-        secret = kube.get(SECRETS, target.secret_name, namespace)
-        config = base64.b64decode(secret["data"][CONFIG_KEY]).decode()
-        with running_collector(config, tmp_path, settings.health_port, cluster.env()):
+        with running_collector(
+            stored_config(kube, target), tmp_path, settings.health_port, cluster.env()
+        ):
             wait_until(
                 lambda: (
                     {"otelcol_process_uptime", "otelcol_receiver_accepted_log_records"}

@@ -9,6 +9,7 @@ import yaml
 
 from controller.telemetry.config import (
     COLLECTED_OBJECTS,
+    HEARTBEAT_OBJECTS,
     HEARTBEAT_SCOPE,
     MonitoredNamespace,
     Origin,
@@ -76,20 +77,25 @@ def test_each_namespace_gets_its_own_watch_exporter_and_token() -> None:
     for name, token in (("shop", TOKEN_A), ("billing", TOKEN_B)):
         receiver = config["receivers"][f"k8s_objects/{name}"]
         assert receiver["k8s_leader_elector"] == "k8s_leader_elector"
-        # Each kind watched, and listed at start and every 10 minutes, as the reference.
-        for mode in ("watch", "pull"):
-            assert {
-                (o["name"], o.get("group", "")) for o in receiver["objects"] if o["mode"] == mode
-            } == set(COLLECTED_OBJECTS)
-        assert all(o["namespaces"] == [name] for o in receiver["objects"])
-        assert {o["interval"] for o in receiver["objects"] if o["mode"] == "pull"} == {"10m"}
-        assert len(receiver["objects"]) == 2 * len(COLLECTED_OBJECTS)
-        assert "include_initial_state" not in receiver  # the first pull sends what exists
+        # Each kind watched (what exists first), and listed every 10 minutes, as the reference.
+        assert receiver["include_initial_state"] is True
+        assert {(o["name"], o.get("group", "")) for o in receiver["objects"]} == set(
+            COLLECTED_OBJECTS
+        )
+        assert all(o["namespaces"] == [name] and o["mode"] == "watch" for o in receiver["objects"])
+        pulls = config["receivers"][f"k8s_objects/pull-{name}"]
+        assert pulls["k8s_leader_elector"] == "k8s_leader_elector"
+        kinds = {(o["name"], o.get("group", "")): o for o in pulls["objects"]}
+        assert set(kinds) == {*COLLECTED_OBJECTS, HEARTBEAT_OBJECTS}
+        for kind in COLLECTED_OBJECTS:
+            assert kinds[kind]["mode"] == "pull"
+            assert kinds[kind]["interval"] == "10m"
+            assert kinds[kind]["namespaces"] == [name]
         exporter = config["exporters"][f"otlp_http/ns-{name}"]
         assert exporter["headers"] == {"Authorization": f"LumigoToken {token}"}
         assert pipelines[f"logs/ns-{name}"]["receivers"] == [
             f"k8s_objects/{name}",
-            f"k8s_objects/heartbeat-{name}",
+            f"k8s_objects/pull-{name}",
         ]
         assert pipelines[f"logs/ns-{name}"]["exporters"] == [f"otlp_http/ns-{name}"]
     assert "k8s_leader_elector" in config["service"]["extensions"]
@@ -183,9 +189,9 @@ def test_each_namespace_heartbeat_pulls_its_lumigoes_and_leaves_with_its_own_tok
     config = build([ns("shop", TOKEN_A), ns("billing", TOKEN_B)], ProxySettings())
     pipelines = config["service"]["pipelines"]
     for name in ("shop", "billing"):
-        receiver = config["receivers"][f"k8s_objects/heartbeat-{name}"]
+        receiver = config["receivers"][f"k8s_objects/pull-{name}"]
         assert receiver["k8s_leader_elector"] == "k8s_leader_elector"
-        (pulled,) = receiver["objects"]
+        (pulled,) = [o for o in receiver["objects"] if o["name"] == "lumigoes"]
         assert pulled == {
             "name": "lumigoes", "group": "operator.lumigo.io", "mode": "pull", "interval": "1h",
             "namespaces": [name],
