@@ -18,6 +18,7 @@ Figures:
 Writer, agent and sink share the machine's cores, so these are floors for the agent.
 
     .venv/bin/python bench/cluster_logs.py [--rate 2000] [--seconds 20] [--backlog 300000] [--json]
+        [--without-json-parser]
 
 `--json` writes JSON-object lines of the same size instead (each becomes a map body).
 `--without-json-parser` runs the agent without its `json-body` operator (the configuration
