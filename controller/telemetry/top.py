@@ -18,13 +18,13 @@ sent and one line is logged when that changes; any other failure is tried again 
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, DecimalException
 from typing import Any
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import ApiError
+from webhook.admission import quantity
 
 log = logging.getLogger("lumigo.watchdog")
 
@@ -40,25 +40,14 @@ UNAVAILABLE = (404, 503)  # no metrics-server, or its APIService not available
 MAX_CONTAINERS = 200  # data points per gauge and pass
 MAX_QUANTITY = Decimal(2**53)  # cores or bytes: far above any usage, and exact in a double
 
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$"
-)
-_SUFFIX = {
-    "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-    "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
-    "P": Decimal("1e15"), "E": Decimal("1e18"),
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}  # fmt: skip
-
 
 def parse_quantity(text: str) -> Decimal:
-    """A Kubernetes quantity (`250m`, `1.5`, `12345n`, `64Mi`, `1e3`, `2k`) as a number."""
-    match = _QUANTITY.match(text.strip()) if len(text) <= 64 else None
-    if match is None:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}")
-    number, exponent, suffix = match.groups()
+    """A usage quantity (`250m`, `12345n`, `64Mi`, `1e3`) as a number: the webhook's quantity
+    parser, bounded to what a usage can be (not negative, at most `MAX_QUANTITY`)."""
+    if len(text) > 64:
+        raise ValueError(f"not a Kubernetes quantity: {text[:64]!r}…")
     try:
-        value = Decimal(number) * (Decimal(f"1{exponent}") if exponent else _SUFFIX[suffix or ""])
+        value = quantity.parse_quantity(text.strip())
     except DecimalException as err:
         raise ValueError(f"not a Kubernetes quantity: {text!r}") from err
     if value < 0:
