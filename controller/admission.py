@@ -204,7 +204,7 @@ def add_admission_server(
                             body_budget_bytes=opts.webhook_body_budget,
                             large_body_slots=opts.webhook_large_body_slots)  # fmt: skip
     server = AdmissionServer(routes, tls, options, listener=listener)
-    manager.add_runnable(Runnable("webhook-server", server.start, server.stop))
+    manager.add_runnable(Runnable("webhook-server", server.start, server.stop, drain=server.drain))
     manager.probes.readyz["webhook-server"] = server.ready
     return server
 
@@ -231,7 +231,7 @@ def add_admission(
         return
     pool = AdmissionWorkers(opts, workers, recorder)
     manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,
-                                  healthy=pool.healthy))  # fmt: skip
+                                  healthy=pool.healthy, drain=pool.drain))  # fmt: skip
     manager.probes.readyz["webhook-server"] = pool.ready
 
 

@@ -66,6 +66,7 @@ WORKER_RESTARTS = Counter(
     "Admission worker processes started again after they exited.",
 )
 _STATUS_INTERVAL = 0.25
+DRAIN = "drain"  # manager -> worker: the pod is terminating (see AdmissionWorkers.drain)
 _BACKOFF = (1.0, 30.0)
 _STABLE_AFTER = 60.0  # a worker up this long starts the next restart's backoff over
 
@@ -160,6 +161,15 @@ class AdmissionWorkers:
         else:
             log.warning("one admission worker may exceed the container's memory limit: raise it",
                         extra={"plan": plan.describe()})  # fmt: skip
+
+    def drain(self) -> None:
+        """Tell every worker that the pod is terminating: its server closes each connection
+        after the next response (HTTPServer.drain) while still serving."""
+        with self._lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            with contextlib.suppress(OSError, ValueError):
+                worker.conn.send(DRAIN)
 
     def stop(self) -> None:
         """SIGTERM every worker (each drains its requests), then wait; kill what lingers."""
@@ -501,7 +511,8 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
     certificates = add_certificates(manager, client, opts)
     mode = add_injection_mode(manager, client, opts, decide=False)
     inject = inject_handler(opts, lumigoes, recorder, mode)
-    add_admission_server(manager, opts, inject=inject, tls=certificates.tls, listener=listener)
+    server = add_admission_server(manager, opts, inject=inject, tls=certificates.tls,
+                                  listener=listener)  # fmt: skip
 
     readiness = Readiness(lambda: check_ready(manager), channel)
 
@@ -510,8 +521,8 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
         while True:
             try:
                 readiness.report()
-                if conn.poll(_STATUS_INTERVAL):
-                    conn.recv()  # the manager sends nothing: this is its end closing
+                if conn.poll(_STATUS_INTERVAL) and conn.recv() == DRAIN:
+                    server.drain()
             except (EOFError, OSError):
                 os.kill(os.getpid(), signal.SIGTERM)
                 return

@@ -249,6 +249,9 @@ class Runnable:
     stop: Callable[[], None]
     leader_only: bool = False
     healthy: Check | None = None  # raises when the runnable is broken; shown in /healthz
+    # Called when shutdown begins, before the `shutdown_delay` during which requests still
+    # arrive: a server stops keeping connections alive (see HTTPServer.drain).
+    drain: Callable[[], None] | None = None
 
 
 @dataclass
@@ -477,6 +480,12 @@ class Manager:
         if delay <= 0:
             return
         self.probes.readyz["shutdown"] = _shutting_down
+        for runnable in list(self._started_runnables):
+            if runnable.drain is not None:
+                try:
+                    runnable.drain()
+                except Exception:
+                    log.exception("draining failed", extra={"runnable": runnable.name})
         log.info("not ready; serving on until the pod has left its Service's endpoints",
                  extra={"seconds": delay})  # fmt: skip
         time.sleep(delay)

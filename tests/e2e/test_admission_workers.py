@@ -260,9 +260,18 @@ def test_after_sigterm_the_webhook_serves_on_while_not_ready_for_the_shutdown_de
         op.start().wait_ready()
         assert op.proc is not None
         context = webhook_context(kube, op)
+        kept = reviews.Client(op.webhook_port, context, timeout=10)  # a keep-alive connection
+        review = reviews.review(reviews.deployment("shop", "default"), uid="kept")
+        assert kept.post(INJECT, reviews.body_of(review))[0] == 200
+        assert kept.last_headers is not None
+        assert kept.last_headers.get("connection") is None
         os.kill(op.proc.pid, signal.SIGTERM)
         wait_until(lambda: op.probe("/readyz")[0] == 500, 3, "/readyz to fail at once")
         assert "shutting down" in op.probe("/readyz?verbose")[1]
+        # The connection still in use is answered, and told to close (its worker drains).
+        assert kept.post(INJECT, reviews.body_of(review))[0] == 200
+        assert kept.last_headers.get("connection") == "close"
+        kept.close()
         for attempt in range(3):  # new connections, to every worker, while not ready
             assert admit(op.webhook_port, context, "default", f"late-{attempt}")["allowed"]
         assert op.proc.poll() is None

@@ -88,12 +88,14 @@ class Client:
 
     def __init__(self, port: int, context: ssl.SSLContext, timeout: float = 30.0) -> None:
         self.conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=timeout)
+        self.last_headers: http.client.HTTPMessage | None = None  # of the last response
 
     def post(
         self, path: str, body: bytes, content_type: str = "application/json"
     ) -> tuple[int, bytes]:
         self.conn.request("POST", path, body=body, headers={"Content-Type": content_type})
         resp = self.conn.getresponse()
+        self.last_headers = resp.headers
         return resp.status, resp.read()
 
     def close(self) -> None:

@@ -313,6 +313,34 @@ def test_a_mismatched_pair_is_refused_and_the_previous_one_kept() -> None:
         assert peer_fingerprint(sock) == first.serving.cert.fingerprint(_sha256())
 
 
+def test_a_draining_server_serves_on_and_closes_each_connection_after_its_response() -> None:
+    """Between SIGTERM and the stop, a keep-alive connection the client still uses is told
+    `Connection: close` and closed by the server after that response, so the client dials a
+    pod that stays instead of racing the stop's close of an idle connection with a POST."""
+    tls, pki = loaded_tls()
+    with running(ROUTES, tls) as server:
+        client = reviews.Client(server.port, client_context(pki))
+        try:
+            assert client.post(PATH, deployment_body("before"))[0] == 200
+            assert client.last_headers is not None
+            assert client.last_headers.get("connection") is None  # kept alive
+            server.drain()
+            status, body = client.post(PATH, deployment_body("draining"))
+            assert status == 200
+            assert json.loads(body)["response"]["uid"] == "draining"
+            assert client.last_headers.get("connection") == "close"
+            wait_until(lambda: server.connections == 0, 10, "the connection to be closed")
+            fresh = reviews.Client(server.port, client_context(pki))  # still accepting
+            try:
+                assert fresh.post(PATH, deployment_body("new"))[0] == 200
+                assert fresh.last_headers is not None
+                assert fresh.last_headers.get("connection") == "close"
+            finally:
+                fresh.close()
+        finally:
+            client.close()
+
+
 def test_graceful_stop_finishes_in_flight_requests_and_closes_idle_ones() -> None:
     entered, release = threading.Event(), threading.Event()
 

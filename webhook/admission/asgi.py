@@ -31,6 +31,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -81,6 +82,8 @@ class HandlerApp:
         self.name = name
         self._bodies = ByteBudget(max(limits.body_budget_bytes, limits.max_body_bytes))
         self._handling = ByteBudget(max(limits.handler_budget_bytes, limits.max_body_bytes))
+        # Draining (see HTTPServer.drain): every response closes its connection.
+        self.closing = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -109,6 +112,8 @@ class HandlerApp:
             response = refused.response
         finally:
             held.release()
+        if self.closing and not response.close:
+            response = dataclasses.replace(response, close=True)
         await _send(send, response)
 
     @property

@@ -270,6 +270,21 @@ class HTTPServer:
         finally:
             loop.close()
 
+    def drain(self) -> None:
+        """Keep serving, but close each connection after its next response.
+
+        Called when the pod starts terminating, while it still receives requests for a few
+        seconds. A client that is told `Connection: close` dials again, and its new connection
+        reaches a pod that stays. Closing an idle keep-alive connection instead (what `stop`
+        must do) races a POST the client may be sending on it at that moment: the POST fails,
+        and with `failurePolicy: Ignore` the workload is admitted uninstrumented. After a
+        drain, `stop` finds few connections left that the client still uses.
+        """
+        if self._app is not None:
+            self._app.closing = True
+            log.info("draining: connections close after their next response",
+                     extra={"server": self.name})  # fmt: skip
+
     def stop(self) -> None:
         """Stop accepting, close idle connections, let requests under way finish (bounded)."""
         if self._server is None or self._stopping.is_set():
