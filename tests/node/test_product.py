@@ -848,6 +848,14 @@ def admissions_meanwhile(product: Product) -> Iterator[list[bool]]:
         thread.join(30)
 
 
+def webhook_failures(product: Product) -> list[str]:
+    """The API server's log lines about webhook calls that failed open (why an admission went
+    uninstrumented), to explain a failure."""
+    log = product.cluster.workdir / "logs" / "kube-apiserver.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [line[-400:] for line in lines if "failing open" in line][-5:]
+
+
 def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_and_lumigoes(
     product: Product, original_specs: dict[str, JSON], tmp_path: Path
 ) -> None:
@@ -879,7 +887,10 @@ def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_a
     # Every workload created during the rollout was instrumented by one manager or the other.
     assert len(admitted) >= 5
     missed = admitted.count(False)
-    assert not missed, f"{missed} of {len(admitted)} created during the rollout not injected"
+    assert not missed, (
+        f"{missed} of {len(admitted)} created during the rollout not injected; "
+        f"the API server's webhook failures: {webhook_failures(product)}"
+    )
 
     def new_manager_ready() -> bool:
         pods = product.pods(OPERATOR_NS, MANAGER_SELECTOR)
