@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from api import constants
+from api import constants, objects
 
 L = TypeVar("L", bound=Mapping[str, Any])
 
@@ -25,7 +25,7 @@ def governing(lumigoes: Iterable[L]) -> L | None:
 
 def in_effect(lumigo: Mapping[str, Any]) -> bool:
     """The governing Lumigo applies: it is Active and not being deleted."""
-    return is_active(lumigo) and not _metadata(lumigo).get("deletionTimestamp")
+    return is_active(lumigo) and not objects.is_being_deleted(lumigo)
 
 
 def effective(lumigoes: Iterable[L]) -> L | None:
@@ -49,11 +49,5 @@ def is_active(lumigo: Mapping[str, Any]) -> bool:
 
 
 def _age(lumigo: Mapping[str, Any]) -> tuple[bool, str, str]:
-    meta = _metadata(lumigo)
-    created = str(meta.get("creationTimestamp") or "")
-    return (created == "", created, str(meta.get("name") or ""))
-
-
-def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    created = objects.created(lumigo)
+    return (created == "", created, objects.name(lumigo))
