@@ -53,8 +53,6 @@ def test_the_module_table_lists_every_product_module_once() -> None:
 
 
 def test_the_table_parser_sees_rows() -> None:
-    text = "\n".join(
-        ["x", TABLE_HEADING, "", "| module | what |", "|---|---|", "| `api/a.py` | A |", ""]
-        + ["## Next", "| `b.py` | B |", ""]
-    )
+    rows = ["| module | what |", "|---|---|", "| `api/a.py` | A |", ""]
+    text = "\n".join(["x", TABLE_HEADING, "", *rows, "## Next", "| `b.py` | B |", ""])
     assert modules_in_table(text) == ["api/a.py"]
