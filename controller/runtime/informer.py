@@ -1,6 +1,6 @@
 """Informer: LIST + WATCH one resource into a Store and tell handlers what changed.
 
-The loop follows client-go's reflector (machinery.md §3): paginated consistent LIST, WATCH with
+The loop follows client-go's reflector: paginated consistent LIST, WATCH with
 bookmarks and a random 5-10 min server timeout, resourceVersion tracked from every event
 (bookmarks included), relist on 410 Gone with synthetic deletes for objects that vanished while
 we were away, backoff with jitter on errors (reset after two healthy minutes). The thread never

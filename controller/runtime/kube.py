@@ -1,7 +1,7 @@
 """Kubernetes API client on pykube-ng: thread-safe, retrying, with the verbs an operator needs.
 
 pykube-ng gives us configuration loading and authenticated `requests` sessions; everything else
-here works around its traps (see machinery.md §1): one session per thread (requests.Session is
+here works around its traps: one session per thread (requests.Session is
 not thread-safe), a separate long-read-timeout session per watch, the in-cluster token re-read
 from disk (bound tokens rotate hourly), explicit Content-Types, real PUT/JSON-patch/apply verbs,
 and a single `ApiError` carrying the HTTP code for every failure.

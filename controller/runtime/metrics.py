@@ -1,9 +1,9 @@
 """Prometheus metrics of the controller runtime, named as client-go and controller-runtime do.
 
 Dashboards and alerts written for Go operators work unchanged, so every name, label and bucket
-here follows `reference/machinery.md` §2. Metrics are defined once, at import, on the default
-registry; this module is only a list of definitions, the code that moves them lives with the
-thing it measures (e.g. `controller/runtime/workqueue.py`).
+here follows theirs (listed in docs/operations.md, "Metrics"). Metrics are defined once, at
+import, on the default registry; this module is only a list of definitions, the code that moves
+them lives with the thing it measures (e.g. `controller/runtime/workqueue.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The controller's work queue, with client-go's semantics (`reference/machinery.md` §2).
+"""The controller's work queue, with client-go's semantics.
 
 Informers add keys, workers `get` them, reconcile, then call `done`. The queue guarantees what
 every Kubernetes engineer expects from client-go:

@@ -1,7 +1,8 @@
 """Webhook certificates as pure functions of (what we have, the time, the policy). No I/O.
 
 The API server trusts the webhook through the caBundle in the webhook configurations, and the
-only way to change a CA without failed calls is in stages (machinery.md §6):
+only way to change a CA without failed calls is in stages (docs/operations.md, "Certificate
+rotation"):
 
 1. bootstrap: a CA, a serving certificate for `<svc>.<ns>.svc`, bundle = [CA];
 2. the CA nears its end (invalid at now + ca_lookahead): a new CA becomes the *active* one and
