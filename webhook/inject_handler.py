@@ -12,7 +12,7 @@ Wiring (the manager does this; the handler never imports controller/):
 The lister should raise (not return []) while its cache is not synced: a failed lookup allows the
 workload unchanged and is counted, whereas [] would be read as "no Lumigo in this namespace".
 
-Gating, in the reference's order and with its texts (reference §3 steps 1-8):
+Gating, in the reference injector's order and with its texts (steps 1-8):
  1. DELETE (or CONNECT): allowed, nothing to do.
  2. Not one of the six workload kinds: allowed, "does not mutate resources of type ...".
     An object that does not decode as its kind: BadRequest (HTTP 400).
