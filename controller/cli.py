@@ -13,7 +13,15 @@ import sys
 from collections.abc import Sequence
 
 from api import __version__
-from controller.options import add_run_flags, add_watchdog_flags, parse_duration, run_options
+from controller.flag_table import add_flags
+from controller.options import (
+    QuickstartOptions,
+    RunOptions,
+    UninstallOptions,
+    WaitOptions,
+    WatchdogOptions,
+    run_options,
+)
 from controller.runtime.resources import ApiError
 
 log = logging.getLogger("lumigo.cli")
@@ -27,55 +35,36 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the manager (controller, webhooks, probes, metrics)")
-    add_run_flags(run)
+    add_flags(run, RunOptions)
     webhook = sub.add_parser(
         "webhook",
         help="serve admissions only (workers, probes, metrics: no controller, no leader "
         "election, no certificate signing), under an identity of its own; the manager runs "
         "with --no-serve-webhooks. Takes the flags of `run`",
     )
-    add_run_flags(webhook)
+    add_flags(webhook, RunOptions)
     uninstall = sub.add_parser(
         "uninstall",
         help="delete every Lumigo resource and remove all instrumentation (Helm pre-delete hook)",
     )
-    uninstall.add_argument("--kubeconfig", default=None)
-    uninstall.add_argument("--timeout", type=parse_duration, default=120.0,
-                           help="how long to wait for finalizers (default 120s)")  # fmt: skip
-    uninstall.add_argument("--log-level", default="info")
-    uninstall.add_argument("--operator-version", default=__version__)
+    add_flags(uninstall, UninstallOptions)
     wait = sub.add_parser(
         "wait-for-webhook",
         help="wait until the API server reaches the Lumigo defaulter webhook (Helm quick-start "
         "hook: a Lumigo created earlier would be refused)",
     )
-    wait.add_argument(
-        "--namespace", required=True, help="a namespace the webhook serves (a Lumigo goes there)"
-    )
-    wait.add_argument("--kubeconfig", default=None)
-    wait.add_argument("--timeout", type=parse_duration, default=180.0)
-    wait.add_argument("--log-level", default="info")
+    add_flags(wait, WaitOptions)
     quickstart = sub.add_parser(
         "quickstart",
         help="create or update the `lumigo` Lumigo of each monitoredNamespaces entry (Helm "
         "post-install/post-upgrade hook); a Lumigo the release did not create is left alone",
     )
-    quickstart.add_argument(
-        "--settings", required=True,
-        help='JSON list: [{"namespace": "my-app", "tracingEnabled": true, "loggingEnabled": true}]',
-    )  # fmt: skip
-    quickstart.add_argument("--release", required=True, help="the Helm release creating them")
-    quickstart.add_argument("--secret-name", default="lumigo-credentials")
-    quickstart.add_argument("--secret-key", default="token")
-    quickstart.add_argument("--kubeconfig", default=None)
-    quickstart.add_argument("--timeout", type=parse_duration, default=180.0,
-                            help="how long to wait for the Lumigo webhook")  # fmt: skip
-    quickstart.add_argument("--log-level", default="info")
+    add_flags(quickstart, QuickstartOptions)
     watchdog = sub.add_parser(
         "watchdog",
         help="report the installation's health (pods, restarts, metrics, events) upstream",
     )
-    add_watchdog_flags(watchdog)
+    add_flags(watchdog, WatchdogOptions)
     sub.add_parser("version", help="print the version")
     return parser
 
