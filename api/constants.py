@@ -50,6 +50,9 @@ SECRET_NAME_MAX_LENGTH: Final = 253
 SECRET_NAME_PATTERN: Final = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"
 SECRET_KEY_MAX_LENGTH: Final = 253
 SECRET_KEY_PATTERN: Final = r"^(\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*)?$"
+# A label value, and a container name (a DNS-1123 label), are at most this long.
+LABEL_VALUE_MAX_LENGTH: Final = 63
+CONTAINER_NAME_MAX_LENGTH: Final = 63
 
 # --- Conditions ---------------------------------------------------------------------------
 CONDITION_ACTIVE: Final = "Active"

@@ -67,7 +67,11 @@ def select(annotations: Mapping[str, Any], containers: Iterable[str]) -> Selecti
         else constants.ANNOTATION_EXCLUDE_CONTAINERS
     )
     names = _names(include_raw if include_raw is not None else exclude_raw)
-    invalid = [n for n in names if len(n) > 63 or not _CONTAINER_NAME.fullmatch(n)]
+    invalid = [
+        n
+        for n in names
+        if len(n) > constants.CONTAINER_NAME_MAX_LENGTH or not _CONTAINER_NAME.fullmatch(n)
+    ]
     present_set, invalid_set = set(present), set(invalid)
     unknown = [n for n in names if n not in present_set and n not in invalid_set]
     if invalid:

@@ -54,6 +54,10 @@ Lookup = Callable[[str, str, str], JSON | None]  # (kind, namespace, name) -> ca
 MAX_MESSAGE = 1024  # bytes: the API server refuses a longer message
 AGGREGATION_WINDOW = 600.0
 MAX_PENDING = 1000  # events waiting for their object
+MAX_REMEMBERED = 4096  # (object, reason, message) keys the spam filter remembers
+DROP_LOG_INTERVAL = 60.0  # seconds between two log lines about dropped events
+MAX_LABEL_LENGTH = 63  # DNS-1123 label: a namespace
+MAX_SUBDOMAIN_LENGTH = 253  # DNS-1123 subdomain: an object name
 # How much older than the request a CREATE's object may look: creationTimestamp has whole
 # seconds, and the API server's clock is not ours.
 CREATED_SLACK = 5.0
@@ -241,7 +245,7 @@ class EventRecorder:
         with self._drop_lock:
             self.dropped += 1
             now = time.monotonic()
-            if now - self._drop_logged_at < 60.0:
+            if now - self._drop_logged_at < DROP_LOG_INTERVAL:
                 return
             self._drop_logged_at = now
             count, self._drops_logged = self.dropped - self._drops_logged, self.dropped
@@ -387,7 +391,7 @@ class EventRecorder:
     def _remember(self, key: tuple[str, ...], value: tuple[str, str, int, float]) -> None:
         self._seen[key] = value
         self._seen.move_to_end(key)
-        while len(self._seen) > 4096:
+        while len(self._seen) > MAX_REMEMBERED:
             self._seen.popitem(last=False)
 
     def _resolve(self, pending: PendingEvent, involved: JSON, waiting: _Unresolved | None) -> bool:
@@ -465,8 +469,8 @@ class AdmissionEvents:
 def _valid_name(namespace: str, name: str) -> bool:
     """A namespace (DNS-1123 label) and an object name (DNS-1123 subdomain) the API accepts."""
     return (
-        len(namespace) <= 63
-        and len(name) <= 253
+        len(namespace) <= MAX_LABEL_LENGTH
+        and len(name) <= MAX_SUBDOMAIN_LENGTH
         and _LABEL.fullmatch(namespace) is not None
         and _SUBDOMAIN.fullmatch(name) is not None
     )

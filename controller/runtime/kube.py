@@ -34,6 +34,7 @@ JSON = dict[str, Any]
 JSONList = list[JSON]  # an alias: `list` is shadowed by methods named list in classes
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RETRYABLE_CODES = frozenset({0, 429, 500, 502, 503, 504})
+FIRST_ERROR_CODE = 400  # a status from here on is an error (4xx client, 5xx server)
 
 
 class TokenFileAuth(requests.auth.AuthBase):
@@ -211,7 +212,7 @@ class KubeClient:
         finally:
             REST_LATENCY.labels(method, self.host).observe(time.monotonic() - started)
         REST_REQUESTS.labels(str(resp.status_code), method, self.host).inc()
-        if resp.status_code >= 400:
+        if resp.status_code >= FIRST_ERROR_CODE:
             raise _api_error(resp, method, path)
         if not resp.content:
             return None
@@ -453,7 +454,7 @@ class WatchStream:
                 self._response = resp
             if self._is_closed():
                 return  # closed while the request was on its way
-            if resp.status_code >= 400:
+            if resp.status_code >= FIRST_ERROR_CODE:
                 raise _api_error(resp, "WATCH", self._path)
             try:
                 for line in resp.iter_lines(chunk_size=None):

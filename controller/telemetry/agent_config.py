@@ -149,6 +149,7 @@ NODE_EXPORTER_DUPLICATES = (
 )
 # node-exporter runs in the agent's pod (`controller.telemetry.agent`), on this port.
 NODE_EXPORTER_PORT = 9100
+MAX_PORT = 65535
 NODE_IP_ENV = "K8S_NODE_IP"
 # Where node-exporter's container has the node's /proc, /sys and / (read-only).
 HOST_ROOT_MOUNT = "/hostfs"
@@ -241,7 +242,7 @@ class MetricsSettings:
             _check_pattern(name)
         for what, port in (("kubelet", self.kubelet_port),
                            ("node-exporter", self.node_exporter_port)):  # fmt: skip
-            if not 0 < port < 65536:
+            if not 0 < port <= MAX_PORT:
                 raise ValueError(f"invalid {what} port {port}")
         if not _SELECTOR.match(self.kube_state_metrics_selector):
             raise ValueError(

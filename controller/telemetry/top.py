@@ -38,14 +38,15 @@ CPU_UNIT, MEMORY_UNIT = "m", "By"
 METRICS_API = "/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods"
 UNAVAILABLE = (404, 503)  # no metrics-server, or its APIService not available
 MAX_CONTAINERS = 200  # data points per gauge and pass
+MAX_QUANTITY_TEXT = 64  # characters: longer is refused before parsing
 MAX_QUANTITY = Decimal(2**53)  # cores or bytes: far above any usage, and exact in a double
 
 
 def parse_quantity(text: str) -> Decimal:
     """A usage quantity (`250m`, `12345n`, `64Mi`, `1e3`) as a number: the webhook's quantity
     parser, bounded to what a usage can be (not negative, at most `MAX_QUANTITY`)."""
-    if len(text) > 64:
-        raise ValueError(f"not a Kubernetes quantity: {text[:64]!r}…")
+    if len(text) > MAX_QUANTITY_TEXT:
+        raise ValueError(f"not a Kubernetes quantity: {text[:MAX_QUANTITY_TEXT]!r}…")
     try:
         value = quantity.parse_quantity(text.strip())
     except DecimalException as err:

@@ -52,6 +52,7 @@ Send = Callable[[Message], Awaitable[None]]
 INLINE_BYTES = 64 * 1024  # bodies up to this size are never counted, and handled on the loop
 LATE = 0.25  # seconds past a body deadline that mean this loop, not the client, was held up
 _DIGITS = re.compile(r"[0-9]+")
+_MAX_LENGTH_DIGITS = 15  # a Content-Length longer than this is refused unread (and not shown)
 
 
 @dataclass(frozen=True)
@@ -229,8 +230,8 @@ def _content_length(lengths: list[str], max_body_bytes: int) -> int | None:
     raw = lengths[0]
     if not _DIGITS.fullmatch(raw):
         raise _Refused(status_response(400, f"invalid Content-Length {quote(raw)}", close=True))
-    if len(raw) > 15 or int(raw) > max_body_bytes:
-        shown = raw if len(raw) <= 15 else "more than 10^15"
+    if len(raw) > _MAX_LENGTH_DIGITS or int(raw) > max_body_bytes:
+        shown = raw if len(raw) <= _MAX_LENGTH_DIGITS else f"more than 10^{_MAX_LENGTH_DIGITS}"
         message = f"the body ({shown} bytes) is larger than the {max_body_bytes} bytes accepted"
         raise _Refused(status_response(413, message, close=True))
     return int(raw)

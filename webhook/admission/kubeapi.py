@@ -11,6 +11,7 @@ can be registered with `controller.runtime.informer.Informer.add_handler`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -86,24 +87,27 @@ class ApiError(Exception):
 
     @property
     def not_found(self) -> bool:
-        return self.code == 404
+        return self.code == HTTPStatus.NOT_FOUND
 
     @property
     def conflict(self) -> bool:
-        return self.code == 409
+        return self.code == HTTPStatus.CONFLICT
 
     @property
     def already_exists(self) -> bool:
-        return self.code == 409 and self.reason == "AlreadyExists"
+        return self.code == HTTPStatus.CONFLICT and self.reason == "AlreadyExists"
 
     @property
     def gone(self) -> bool:
-        return self.code == 410
+        return self.code == HTTPStatus.GONE
 
     @property
     def retryable(self) -> bool:
         """Worth retrying with backoff: throttled, server-side trouble, or no response at all."""
-        return self.code in (0, 429) or self.code >= 500
+        return (
+            self.code in (0, HTTPStatus.TOO_MANY_REQUESTS)
+            or self.code >= HTTPStatus.INTERNAL_SERVER_ERROR
+        )
 
 
 class KubeAPI(Protocol):

@@ -32,6 +32,7 @@ from webhook.admission.messages import status_bytes
 from webhook.admission.review import quote
 
 log = logging.getLogger("lumigo.webhook.server")
+LOG_INTERVAL = 60.0  # seconds between two log lines about failed handshakes
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Connections:
         default_factory=collections.deque
     )
     _failures_logged: int = 0
-    _logged_at: float = -60.0
+    _logged_at: float = -LOG_INTERVAL
 
     def handshake_watch(self) -> list[bool]:
         """Called for every accepted socket; the flag is set once its handshake is over."""
@@ -81,7 +82,7 @@ class Connections:
             return
         self.handshake_failures += failed
         now = time.monotonic()
-        if now - self._logged_at < 60.0:
+        if now - self._logged_at < LOG_INTERVAL:
             return
         self._logged_at = now
         count = self.handshake_failures - self._failures_logged
