@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,7 @@ METRIC_PREFIXES = (
 )
 MAX_SERIES_PER_POD = 300
 MAX_PENDING = 2000  # records kept while the upstream is unreachable
+RETRIED_CLIENT_ERRORS = frozenset({HTTPStatus.REQUEST_TIMEOUT, HTTPStatus.TOO_MANY_REQUESTS})
 # OTLP severity numbers; an Event's type maps as in the reference (Warning is ERROR).
 SEVERITY = {"INFO": 9, "WARN": 13, "ERROR": 17}
 EVENT_SEVERITY = {"normal": "INFO", "warning": "ERROR"}
@@ -521,7 +523,8 @@ class Watchdog:
         try:
             post_otlp(self.settings.logs_endpoint, payload, token)
         except urllib.error.HTTPError as err:
-            if 400 <= err.code < 500 and err.code not in (408, 429):
+            client_error = HTTPStatus.BAD_REQUEST <= err.code < HTTPStatus.INTERNAL_SERVER_ERROR
+            if client_error and err.code not in RETRIED_CLIENT_ERRORS:
                 # Refused for good (e.g. a wrong token): sending them again cannot succeed.
                 log.warning("watchdog records refused by the upstream; dropped",
                             extra={"status": err.code, "dropped": len(records)})  # fmt: skip
