@@ -92,8 +92,13 @@ def add_injection_mode(
         manager.add_runnable(Runnable("injection-mode", published.start, published.stop))
         manager.probes.readyz["injection-mode"] = published.ready
         return published.mode
-    auto = AutoInjectionMode(client, node_informer(manager), opts.namespace,
-                             opts.injector_image, opts.injector_pull_policy)  # fmt: skip
+    auto = AutoInjectionMode(
+        client,
+        node_informer(manager),
+        opts.namespace,
+        opts.injector_image,
+        opts.injector_pull_policy,
+    )
     manager.add_runnable(Runnable("injection-mode", auto.start, auto.stop))
     manager.probes.readyz["injection-mode"] = auto.ready
     return auto.mode
@@ -115,9 +120,12 @@ class Certificates:
 def managed_cert(opts: RunOptions) -> ManagedCert:
     """Self mode's certificate: the CA Secret (--cert-secret, the manager's only) and the
     serving Secret replicas load (no CA key)."""
-    return ManagedCert(certificate_policy(opts), opts.cert_secret,
-                       mutating=opts.webhook_configurations,
-                       serving_secret_name=serving_secret(opts))  # fmt: skip
+    return ManagedCert(
+        certificate_policy(opts),
+        opts.cert_secret,
+        mutating=opts.webhook_configurations,
+        serving_secret_name=serving_secret(opts),
+    )
 
 
 def _named(resource: Resource, name: str, namespace: str | None = None) -> Selection:
@@ -200,9 +208,12 @@ def add_admission_server(
 ) -> AdmissionServer:
     """The HTTPS server of the two admission routes, started and stopped by `manager`."""
     routes = admission_routes(inject, MutateHandler(inject.lumigoes))
-    options = ServerOptions(host=opts.webhook_host, port=opts.webhook_port,
-                            body_budget_bytes=opts.webhook_body_budget,
-                            large_body_slots=opts.webhook_large_body_slots)  # fmt: skip
+    options = ServerOptions(
+        host=opts.webhook_host,
+        port=opts.webhook_port,
+        body_budget_bytes=opts.webhook_body_budget,
+        large_body_slots=opts.webhook_large_body_slots,
+    )
     server = AdmissionServer(routes, tls, options, listener=listener)
     manager.add_runnable(Runnable("webhook-server", server.start, server.stop, drain=server.drain))
     manager.probes.readyz["webhook-server"] = server.ready
@@ -230,8 +241,9 @@ def add_admission(
         add_admission_server(manager, opts, inject=inject, tls=certificates.tls)
         return
     pool = AdmissionWorkers(opts, workers, recorder)
-    manager.add_runnable(Runnable("webhook-workers", pool.start, pool.stop,
-                                  healthy=pool.healthy, drain=pool.drain))  # fmt: skip
+    manager.add_runnable(
+        Runnable("webhook-workers", pool.start, pool.stop, healthy=pool.healthy, drain=pool.drain)
+    )
     manager.probes.readyz["webhook-server"] = pool.ready
 
 

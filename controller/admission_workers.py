@@ -129,8 +129,9 @@ class AdmissionWorkers:
         self._share_large_bodies(Path(self._metrics_dir) / "slots")  # removed with the directory
         for index in range(self.count):
             self._spawn(index)
-        self._supervisor = threading.Thread(target=self._supervise, name="webhook-workers",
-                                            daemon=True)  # fmt: skip
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="webhook-workers", daemon=True
+        )
         self._supervisor.start()
         _yield_to_workers(keep=self._supervisor)
         port = self._listener.getsockname()[1]
@@ -154,13 +155,18 @@ class AdmissionWorkers:
         plan = memory.plan(self.count, limit, MAX_BODY_BYTES)
         slots.mkdir()
         memory.LargeBodySlots.create(slots, plan.large_slots)
-        self.opts = dataclasses.replace(self.opts, webhook_body_budget=plan.body_budget_bytes,
-                                        webhook_large_body_slots=str(slots))  # fmt: skip
+        self.opts = dataclasses.replace(
+            self.opts,
+            webhook_body_budget=plan.body_budget_bytes,
+            webhook_large_body_slots=str(slots),
+        )
         if plan.fits:
             log.info("admission memory plan", extra={"plan": plan.describe()})
         else:
-            log.warning("one admission worker may exceed the container's memory limit: raise it",
-                        extra={"plan": plan.describe()})  # fmt: skip
+            log.warning(
+                "one admission worker may exceed the container's memory limit: raise it",
+                extra={"plan": plan.describe()},
+            )
 
     def drain(self) -> None:
         """Tell every worker that the pod is terminating: its server closes each connection
@@ -187,8 +193,10 @@ class AdmissionWorkers:
         for worker in workers:
             worker.process.join(max(0.1, deadline - time.monotonic()))
             if worker.process.is_alive():
-                log.warning("admission worker did not stop in time; killing it",
-                            extra={"worker": worker.index})  # fmt: skip
+                log.warning(
+                    "admission worker did not stop in time; killing it",
+                    extra={"worker": worker.index},
+                )
                 worker.process.kill()
                 worker.process.join(5)
             worker.conn.close()
@@ -281,9 +289,12 @@ class AdmissionWorkers:
         self._restart_at[worker.index] = time.monotonic() + backoff
         log.warning(
             "admission worker exited; restarting it",
-            extra={"worker": worker.index, "exit_code": worker.process.exitcode,
-                   "restart_in_s": backoff},
-        )  # fmt: skip
+            extra={
+                "worker": worker.index,
+                "exit_code": worker.process.exitcode,
+                "restart_in_s": backoff,
+            },
+        )
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -478,8 +489,9 @@ class Readiness:
             self._last = now
 
 
-def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
-                     conn: Connection) -> None:  # fmt: skip
+def serve_admissions(
+    opts: RunOptions, index: int, listener: socket.socket, conn: Connection
+) -> None:
     """A worker's main: the admission side of the operator, on the manager's socket."""
     from controller.admission import (  # noqa: PLC0415 - the worker's own imports
         add_admission_server,
@@ -511,8 +523,9 @@ def serve_admissions(opts: RunOptions, index: int, listener: socket.socket,
     certificates = add_certificates(manager, client, opts)
     mode = add_injection_mode(manager, client, opts, decide=False)
     inject = inject_handler(opts, lumigoes, recorder, mode)
-    server = add_admission_server(manager, opts, inject=inject, tls=certificates.tls,
-                                  listener=listener)  # fmt: skip
+    server = add_admission_server(
+        manager, opts, inject=inject, tls=certificates.tls, listener=listener
+    )
 
     readiness = Readiness(lambda: check_ready(manager), channel)
 

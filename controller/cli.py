@@ -108,8 +108,10 @@ def _wait_for_webhook(args: argparse.Namespace) -> int:
 
     client = KubeClient.from_env(args.kubeconfig)
     took = wait_until_admitted(client, args.namespace, args.timeout)
-    print(f"lumigo-operator wait-for-webhook: a Lumigo in {args.namespace} is admitted "
-          f"(after {took:.1f} s)")  # fmt: skip
+    print(
+        f"lumigo-operator wait-for-webhook: a Lumigo in {args.namespace} is admitted "
+        f"(after {took:.1f} s)"
+    )
     return 0
 
 
@@ -121,12 +123,18 @@ def _quickstart(args: argparse.Namespace) -> int:
     settings = quickstart.parse_settings(args.settings)
     client = KubeClient.from_env(args.kubeconfig)
     report = quickstart.apply(
-        client, settings, release=args.release, secret_name=args.secret_name,
+        client,
+        settings,
+        release=args.release,
+        secret_name=args.secret_name,
         secret_key=args.secret_key,
         before_first_write=lambda ns: wait_until_admitted(client, ns, args.timeout),
-    )  # fmt: skip
-    for verb, namespaces in (("created", report.created), ("updated", report.updated),
-                             ("unchanged", report.unchanged)):  # fmt: skip
+    )
+    for verb, namespaces in (
+        ("created", report.created),
+        ("updated", report.updated),
+        ("unchanged", report.unchanged),
+    ):
         if namespaces:
             print(f"lumigo-operator quickstart: {verb} the Lumigo of {', '.join(namespaces)}")
     for what in report.left_alone:

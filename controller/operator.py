@@ -100,17 +100,18 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         for r in WORKLOADS
     }
     recorder = EventRecorder(
-        client, lookup=lambda kind, ns, name: workloads[kind].get(ns, name) if kind in workloads
-        else None,
-    )  # fmt: skip
+        client,
+        lookup=lambda kind, ns, name: workloads[kind].get(ns, name) if kind in workloads else None,
+    )
     manager.add_runnable(
         Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
     )
 
     settings = injection_settings(opts)
     injection_mode = add_injection_mode(manager, client, opts)
-    _add_webhook(manager, client, opts, lumigoes=lumigoes, recorder=recorder,
-                 injection_mode=injection_mode)  # fmt: skip
+    _add_webhook(
+        manager, client, opts, lumigoes=lumigoes, recorder=recorder, injection_mode=injection_mode
+    )
 
     component = events.controller_component(opts.operator_version)
     thresholds = Thresholds(restarts=opts.revert_restarts, unready_after=opts.revert_unready_after)
@@ -173,22 +174,37 @@ def _settings_for(
 
 
 def _add_webhook(
-    manager: Manager, client: KubeClient, opts: RunOptions, *, lumigoes: Informer,
-    recorder: EventRecorder, injection_mode: Callable[[], str] | None,
-) -> None:  # fmt: skip
+    manager: Manager,
+    client: KubeClient,
+    opts: RunOptions,
+    *,
+    lumigoes: Informer,
+    recorder: EventRecorder,
+    injection_mode: Callable[[], str] | None,
+) -> None:
     """Admission served here unless --no-serve-webhooks; the certificates written by the Lease
     holder (self mode), and the `auto` injection mode published (--injection-mode-configmap)."""
     if opts.serve_webhooks:
-        add_admission(manager, client, opts, lumigoes=lumigoes, recorder=recorder,
-                      injection_mode=injection_mode)  # fmt: skip
+        add_admission(
+            manager,
+            client,
+            opts,
+            lumigoes=lumigoes,
+            recorder=recorder,
+            injection_mode=injection_mode,
+        )
     if injection_mode is not None and opts.injection_mode_configmap:
         decided = manager.probes.readyz.get("injection-mode", lambda: None)
-        publisher = InjectionModePublisher(client, opts.namespace, opts.injection_mode_configmap,
-                                           injection_mode, decided=decided)  # fmt: skip
-        manager.add_controller(single_key_controller(
-            "injection-mode-publisher", lambda: Result(requeue_after=publisher.sync()),
-            rate_limiter=ItemExponentialFailureRateLimiter(0.5, 60.0),
-        ))  # fmt: skip
+        publisher = InjectionModePublisher(
+            client, opts.namespace, opts.injection_mode_configmap, injection_mode, decided=decided
+        )
+        manager.add_controller(
+            single_key_controller(
+                "injection-mode-publisher",
+                lambda: Result(requeue_after=publisher.sync()),
+                rate_limiter=ItemExponentialFailureRateLimiter(0.5, 60.0),
+            )
+        )
     if opts.cert_mode == "files":  # someone else writes them
         return
     writer = CertWriter(client, managed_cert(opts), resync=opts.cert_check_interval)
@@ -212,8 +228,13 @@ def cert_writer_controller(writer: CertWriter) -> Controller:
     return controller
 
 
-def _add_telemetry(manager: Manager, client: KubeClient, opts: RunOptions,
-                   lumigoes: Informer, workloads: dict[str, Informer]) -> None:  # fmt: skip
+def _add_telemetry(
+    manager: Manager,
+    client: KubeClient,
+    opts: RunOptions,
+    lumigoes: Informer,
+    workloads: dict[str, Informer],
+) -> None:
     target = ProxyTarget(
         namespace=opts.namespace,
         secret_name=opts.telemetry_proxy_config_secret,
@@ -286,7 +307,10 @@ def start(builder: Callable[[KubeClient, RunOptions], Manager], opts: RunOptions
     manager = builder(KubeClient.from_env(opts.kubeconfig), opts)
     log.info(
         what,
-        extra={"version": opts.operator_version, "namespace": opts.namespace,
-               "cert_mode": opts.cert_mode},
-    )  # fmt: skip
+        extra={
+            "version": opts.operator_version,
+            "namespace": opts.namespace,
+            "cert_mode": opts.cert_mode,
+        },
+    )
     return manager.run()

@@ -61,8 +61,7 @@ def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
     # --webhook-workers=0 this process does.
     here = opts.webhook_workers == 0
     mode = add_injection_mode(manager, client, opts, decide=False) if here else None
-    add_admission(manager, client, opts, lumigoes=None, recorder=recorder,
-                  injection_mode=mode)  # fmt: skip
+    add_admission(manager, client, opts, lumigoes=None, recorder=recorder, injection_mode=mode)
     return manager
 
 

@@ -384,9 +384,11 @@ class InjectHandler:
         if subject.request.dry_run:
             return  # a dry run must have no side effects (sideEffects: None)
         self._event(
-            subject, type_, events.reason(action, failed=error is not None),
+            subject,
+            type_,
+            events.reason(action, failed=error is not None),
             events.message(action, trigger, error),
-        )  # fmt: skip
+        )
 
     def _event(self, subject: _Subject, type_: str, reason: str, message: str) -> None:
         metadata: JSON = {"name": subject.name, "namespace": subject.namespace}

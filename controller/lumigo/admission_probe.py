@@ -39,8 +39,9 @@ def wait_until_admitted(client: KubeClient, namespace: str, timeout: float) -> f
     started = time.monotonic()
     while True:
         try:
-            client.request("POST", LUMIGOES.path(namespace), params={"dryRun": "All"},
-                           body=PROBE, retry=False)  # fmt: skip
+            client.request(
+                "POST", LUMIGOES.path(namespace), params={"dryRun": "All"}, body=PROBE, retry=False
+            )
             return time.monotonic() - started
         except ApiError as err:
             if ALREADY_THERE in err.message:  # the defaulter answered: that namespace has one

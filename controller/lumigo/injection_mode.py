@@ -115,8 +115,9 @@ def probe_pod(image: str, pull_policy: str) -> JSON:
 class AutoInjectionMode:
     """The injection mode for `auto`, current with the Nodes; cheap to ask on every admission."""
 
-    def __init__(self, client: KubeClient, nodes: Informer, namespace: str, image: str,
-                 pull_policy: str) -> None:  # fmt: skip
+    def __init__(
+        self, client: KubeClient, nodes: Informer, namespace: str, image: str, pull_policy: str
+    ) -> None:
         self._client = client
         self._nodes = nodes
         self._namespace = namespace
@@ -131,8 +132,9 @@ class AutoInjectionMode:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ready_deadline = float("inf")
-        nodes.add_handler(FuncHandler(add=self._dirty, update=lambda _o, _n: self._dirty(_n),
-                                      delete=self._dirty))  # fmt: skip
+        nodes.add_handler(
+            FuncHandler(add=self._dirty, update=lambda _o, _n: self._dirty(_n), delete=self._dirty)
+        )
 
     def ready(self) -> None:
         """For /readyz: admissions wait (a bounded while) until the API server has answered, so
@@ -143,8 +145,9 @@ class AutoInjectionMode:
 
     def start(self) -> None:
         self._ready_deadline = time.monotonic() + READY_WAIT
-        self._thread = threading.Thread(target=self._ask_api_server, name="image-volume-probe",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._ask_api_server, name="image-volume-probe", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -194,11 +197,12 @@ class AutoInjectionMode:
                     self._stop.wait(delay)
                     delay = min(delay * 2, 60.0)
                     continue
-                log.warning("image-volume probe refused; using the init container",
-                            extra={"error": str(err)})  # fmt: skip
+                log.warning(
+                    "image-volume probe refused; using the init container",
+                    extra={"error": str(err)},
+                )
                 kept = False
-            log.info("image-volume probe answered",
-                     extra={"api_server_keeps_image_volumes": kept})  # fmt: skip
+            log.info("image-volume probe answered", extra={"api_server_keeps_image_volumes": kept})
             with self._lock:
                 self._api_server = kept
                 self._update_locked()
@@ -209,8 +213,9 @@ class AutoInjectionMode:
         after it dropped the field, or a reply without it, means it does not)."""
         pod = probe_pod(self._image, self._pull_policy)
         try:
-            reply = self._client.request("POST", PODS.path(self._namespace),
-                                         params={"dryRun": "All"}, body=pod)  # fmt: skip
+            reply = self._client.request(
+                "POST", PODS.path(self._namespace), params={"dryRun": "All"}, body=pod
+            )
         except ApiError as err:
             if err.code in (400, 422):
                 return False
@@ -234,9 +239,15 @@ class InjectionModePublisher:
     `decided` stops raising NotReady (the API server answered, or AutoInjectionMode gave up
     waiting): a webhook must not start admitting on a mode about to change."""
 
-    def __init__(self, client: KubeClient, namespace: str, name: str,
-                 mode: Callable[[], str], *,
-                 decided: Callable[[], None] = lambda: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        name: str,
+        mode: Callable[[], str],
+        *,
+        decided: Callable[[], None] = lambda: None,
+    ) -> None:
         self._client = client
         self._namespace = namespace
         self._name = name
@@ -259,10 +270,13 @@ class InjectionModePublisher:
             body: JSON = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": self._name, "namespace": self._namespace,
-                             "labels": {"app.kubernetes.io/managed-by": "lumigo-operator"}},
+                "metadata": {
+                    "name": self._name,
+                    "namespace": self._namespace,
+                    "labels": {"app.kubernetes.io/managed-by": "lumigo-operator"},
+                },
                 "data": {MODE_KEY: want},
-            }  # fmt: skip
+            }
             self._client.create(CONFIGMAPS, body, self._namespace)
         elif (current.get("data") or {}).get(MODE_KEY) != want:
             current["data"] = {**(current.get("data") or {}), MODE_KEY: want}

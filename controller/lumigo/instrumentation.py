@@ -170,9 +170,12 @@ class Instrumenter:
             obj, problem = written[-1]
             if problem is not None:
                 self.recorder.event(
-                    obj, events.WARNING, constants.REASON_INVALID_CONTAINERS, problem,
+                    obj,
+                    events.WARNING,
+                    constants.REASON_INVALID_CONTAINERS,
+                    problem,
                     self.component,
-                )  # fmt: skip
+                )
         return outcome
 
     def uninstrument(self, target: Target, trigger: str, component: str | None = None) -> Outcome:
@@ -283,27 +286,34 @@ class Instrumenter:
         if result is None:
             return Outcome(target, False)
         self.recorder.event(
-            result, events.NORMAL, events.reason(action), events.message(action, trigger),
+            result,
+            events.NORMAL,
+            events.reason(action),
+            events.message(action, trigger),
             component,
-        )  # fmt: skip
+        )
         return Outcome(target, True)
 
     def _failed(
         self, target: Target, action: events.Action, trigger: str, component: str, error: str
     ) -> Outcome:
         self._event_on(
-            target, events.reason(action, failed=True), events.message(action, trigger, error),
+            target,
+            events.reason(action, failed=True),
+            events.message(action, trigger, error),
             component,
-        )  # fmt: skip
+        )
         return Outcome(target, False, error)
 
     def _job_is_immutable(
         self, target: Target, action: events.Action, trigger: str, component: str | None = None
     ) -> Outcome:
         self._event_on(
-            target, events.reason(action, failed=True),
-            events.message(action, trigger, JOB_IMMUTABLE), component or self.component,
-        )  # fmt: skip
+            target,
+            events.reason(action, failed=True),
+            events.message(action, trigger, JOB_IMMUTABLE),
+            component or self.component,
+        )
         return Outcome(target, False)
 
     def _event_on(self, target: Target, reason: str, message: str, component: str) -> None:

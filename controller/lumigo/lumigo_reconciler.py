@@ -272,9 +272,12 @@ class LumigoReconciler:
             }
         for _, obj, why in sorted(new, key=lambda n: target_order(n[0])):
             self.instrumenter.recorder.event(
-                obj, events.WARNING, events.reason("add", failed=True),
-                events.message("add", trigger, why), self.instrumenter.component,
-            )  # fmt: skip
+                obj,
+                events.WARNING,
+                events.reason("add", failed=True),
+                events.message("add", trigger, why),
+                self.instrumenter.component,
+            )
         return found
 
     def _rolling(self, namespace: str) -> int:

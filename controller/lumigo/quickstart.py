@@ -66,8 +66,9 @@ def parse_settings(text: str) -> list[Setting]:
     except ValueError as err:
         raise ValueError(f"--settings is not JSON: {err}") from None
     if not isinstance(entries, list):
-        raise ValueError("--settings must be a JSON list of {namespace, tracingEnabled, "
-                         "loggingEnabled} objects")  # fmt: skip
+        raise ValueError(
+            "--settings must be a JSON list of {namespace, tracingEnabled, loggingEnabled} objects"
+        )
     settings: list[Setting] = []
     for i, entry in enumerate(entries):
         settings.append(_setting(i, entry))

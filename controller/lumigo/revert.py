@@ -143,12 +143,19 @@ class Reverter:
         kind = target.resource.kind
         log.warning(
             "reverted instrumentation",
-            extra={"kind": kind, "namespace": target.namespace, "resource": target.name,
-                   "problem": problem},
-        )  # fmt: skip
+            extra={
+                "kind": kind,
+                "namespace": target.namespace,
+                "resource": target.name,
+                "problem": problem,
+            },
+        )
         self.recorder.event(
-            result, events.WARNING, constants.REASON_REVERTED,
-            revert_message(kind, target.name, problem), self.component,
-        )  # fmt: skip
+            result,
+            events.WARNING,
+            constants.REASON_REVERTED,
+            revert_message(kind, target.name, problem),
+            self.component,
+        )
         REVERTS_TOTAL.labels(target.namespace, kind).inc()
         return True

@@ -80,8 +80,11 @@ def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) ->
         found.opted_out, UNINSTALL_TRIGGER, UNINSTALL_COMPONENT
     )
     report.uninstrumented += sum(1 for o in outcomes if o.changed)
-    report.failures += [f"{o.target.resource.kind} {o.target.namespace}/{o.target.name}: "
-                        f"{o.error}" for o in outcomes if o.error]  # fmt: skip
+    report.failures += [
+        f"{o.target.resource.kind} {o.target.namespace}/{o.target.name}: {o.error}"
+        for o in outcomes
+        if o.error
+    ]
     return report
 
 

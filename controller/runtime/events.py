@@ -142,10 +142,16 @@ class SpamFilter:
     def allow(self, pending: PendingEvent) -> bool:
         ref = pending.involved
         key = (
-            pending.component, str(ref.get("kind", "")), str(ref.get("namespace", "")),
-            str(ref.get("name", "")), str(ref.get("uid", "")), str(ref.get("apiVersion", "")),
-            pending.type, pending.reason, pending.message,
-        )  # fmt: skip
+            pending.component,
+            str(ref.get("kind", "")),
+            str(ref.get("namespace", "")),
+            str(ref.get("name", "")),
+            str(ref.get("uid", "")),
+            str(ref.get("apiVersion", "")),
+            pending.type,
+            pending.reason,
+            pending.message,
+        )
         now = time.monotonic()
         with self._lock:
             tokens, then = self._buckets.pop(key, (self.burst, now))
@@ -349,9 +355,12 @@ class EventRecorder:
             return
         namespace = involved.get("namespace") or "default"
         key = (
-            involved.get("uid", ""), pending.type, pending.reason, pending.message,
+            involved.get("uid", ""),
+            pending.type,
+            pending.reason,
+            pending.message,
             pending.component,
-        )  # fmt: skip
+        )
         now, now_mono = _now(), time.monotonic()
         previous = self._seen.get(key)
         if previous is not None and now_mono - previous[3] < AGGREGATION_WINDOW:

@@ -80,9 +80,11 @@ def self_signed_pair(host_names: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
     hostname = socket.gethostname() or "localhost"
     names = tuple(dict.fromkeys((*host_names, "localhost")))
     policy = certs.CertPolicy(
-        service=hostname, namespace="local", extra_dns_names=names,
+        service=hostname,
+        namespace="local",
+        extra_dns_names=names,
         extra_ip_addresses=("127.0.0.1", "::1"),
-    )  # fmt: skip
+    )
     pair = certs.bootstrap(policy, dt.datetime.now(dt.UTC)).serving
     return pair.cert_pem, pair.key_pem
 

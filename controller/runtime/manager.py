@@ -486,8 +486,10 @@ class Manager:
                     runnable.drain()
                 except Exception:
                     log.exception("draining failed", extra={"runnable": runnable.name})
-        log.info("not ready; serving on until the pod has left its Service's endpoints",
-                 extra={"seconds": delay})  # fmt: skip
+        log.info(
+            "not ready; serving on until the pod has left its Service's endpoints",
+            extra={"seconds": delay},
+        )
         time.sleep(delay)
 
     def run(self) -> int:

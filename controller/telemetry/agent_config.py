@@ -204,8 +204,9 @@ class LogFileRule:
                 f"invalid log rule {entry!r}: unknown keys {sorted(unknown)}; expected "
                 "namespacePattern, podPattern and containerPattern"
             )
-        values = {k: entry.get(k) or "*" for k in ("namespacePattern", "podPattern",
-                                                     "containerPattern")}  # fmt: skip
+        values = {
+            k: entry.get(k) or "*" for k in ("namespacePattern", "podPattern", "containerPattern")
+        }
         for key, value in values.items():
             if not isinstance(value, str):
                 raise InvalidLogRuleError(f"invalid {key} {value!r}: expected a string")
@@ -240,8 +241,10 @@ class MetricsSettings:
             )
         for name in self.essential:
             _check_pattern(name)
-        for what, port in (("kubelet", self.kubelet_port),
-                           ("node-exporter", self.node_exporter_port)):  # fmt: skip
+        for what, port in (
+            ("kubelet", self.kubelet_port),
+            ("node-exporter", self.node_exporter_port),
+        ):
             if not 0 < port <= MAX_PORT:
                 raise ValueError(f"invalid {what} port {port}")
         if not _SELECTOR.match(self.kube_state_metrics_selector):
@@ -401,9 +404,14 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
         "metric_groups": ["node", "pod", "container"],
     }
     keep = _essential_keep(m)
-    jobs = [_kubelet_job(m, name, path, in_cluster, keep) for name, path in (
-        (JOB_KUBELET, "/metrics"), (JOB_CADVISOR, "/metrics/cadvisor"),
-        (JOB_RESOURCES, "/metrics/resource"))]  # fmt: skip
+    jobs = [
+        _kubelet_job(m, name, path, in_cluster, keep)
+        for name, path in (
+            (JOB_KUBELET, "/metrics"),
+            (JOB_CADVISOR, "/metrics/cadvisor"),
+            (JOB_RESOURCES, "/metrics/resource"),
+        )
+    ]
     jobs.append(_static_job(m, JOB_NODE_EXPORTER, f"127.0.0.1:{m.node_exporter_port}", keep))
     for job, duplicates in ((jobs[2], RESOURCES_DUPLICATES), (jobs[3], NODE_EXPORTER_DUPLICATES)):
         job["metric_relabel_configs"].append(
@@ -436,15 +444,25 @@ def _add_metrics(config: JSON, s: AgentSettings, enrich: list[str]) -> None:
     if s.proxy.k8s_enricher and m.kube_state_metrics_selector:
         processors["lumigo_k8s_enricher"] = k8s_enricher_config(s.proxy)
         owners = ["lumigo_k8s_enricher"]
-    config["service"]["pipelines"].update({
-        "metrics/kubelet": {"receivers": ["kubeletstats"], "processors": head + enrich,
-                            "exporters": ["otlp_http/lumigo"]},
-        "metrics/infra": {"receivers": ["prometheus/infra"],
-                          "processors": [*scraped[:2], *owners, *tail],
-                          "exporters": ["otlp_http/lumigo"]},
-        "metrics/self": {"receivers": ["prometheus/self"], "processors": scraped,
-                         "exporters": ["otlp_http/lumigo"]},
-    })  # fmt: skip
+    config["service"]["pipelines"].update(
+        {
+            "metrics/kubelet": {
+                "receivers": ["kubeletstats"],
+                "processors": head + enrich,
+                "exporters": ["otlp_http/lumigo"],
+            },
+            "metrics/infra": {
+                "receivers": ["prometheus/infra"],
+                "processors": [*scraped[:2], *owners, *tail],
+                "exporters": ["otlp_http/lumigo"],
+            },
+            "metrics/self": {
+                "receivers": ["prometheus/self"],
+                "processors": scraped,
+                "exporters": ["otlp_http/lumigo"],
+            },
+        }
+    )
 
 
 def _check_pattern(name: str) -> None:
@@ -475,8 +493,9 @@ def _essential_keep(m: MetricsSettings) -> list[JSON]:
     return [{"source_labels": ["__name__"], "action": "keep", "regex": "|".join(m.essential)}]
 
 
-def _kubelet_job(m: MetricsSettings, name: str, path: str, in_cluster: bool,
-                 keep: list[JSON]) -> JSON:  # fmt: skip
+def _kubelet_job(
+    m: MetricsSettings, name: str, path: str, in_cluster: bool, keep: list[JSON]
+) -> JSON:
     """A scrape of this node's kubelet (its address is added after escaping)."""
     job: JSON = {
         "job_name": name,

@@ -269,8 +269,11 @@ class ProxySettings:
             "objects pull interval": self.objects_pull_interval,
             "self-metrics interval": self.self_metrics_interval,
         }
-        bad = [f"invalid {what} {value!r}" for what, value in intervals.items()
-               if not DURATION.match(value)]  # fmt: skip
+        bad = [
+            f"invalid {what} {value!r}"
+            for what, value in intervals.items()
+            if not DURATION.match(value)
+        ]
         if bad:
             raise ValueError(f"{bad[0]}: expected a duration such as 1h, 10m or 30s")
 
@@ -372,9 +375,12 @@ def _add_self_metrics_pipeline(config: JSON, s: ProxySettings) -> None:
     `prometheus/collector-self-metrics`, exported with the cluster token only."""
     host = "127.0.0.1" if s.listen_host in ("0.0.0.0", "") else s.listen_host  # noqa: S104
     config["receivers"]["prometheus/self"] = {
-        "config": {"scrape_configs": [self_metrics_job(f"{host}:{s.metrics_port}",
-                                                       s.self_metrics_interval)]}
-    }  # fmt: skip
+        "config": {
+            "scrape_configs": [
+                self_metrics_job(f"{host}:{s.metrics_port}", s.self_metrics_interval)
+            ]
+        }
+    }
     config["processors"]["filter/self"] = prometheus_bookkeeping_filter()
     config["processors"]["batch/self"] = {}
     config["exporters"]["otlp_http/self"] = {

@@ -64,8 +64,9 @@ class NodeProviderIds:
 def _changed(old: JSON | None, new: JSON) -> bool:
     before, after = view(old), view(new)
     return old is None or (provider_id(before), annotated(before)) != (
-        provider_id(after), annotated(after),
-    )  # fmt: skip
+        provider_id(after),
+        annotated(after),
+    )
 
 
 def add_node_provider_ids(manager: Manager, client: KubeClient) -> None:

@@ -387,11 +387,13 @@ class TelemetryProxyReconciler:
             out = str(meta.get("namespace", "")) in left and in_effect(obj)
             current = condition(obj.get("status"), CONDITION_LEFT_OUT)
             if out and (current is None or current.get("status") != "True"):
-                self._set_left_out(meta, ConditionUpdate(
-                    CONDITION_LEFT_OUT, True, message, REASON_TOO_LARGE))  # fmt: skip
+                self._set_left_out(
+                    meta, ConditionUpdate(CONDITION_LEFT_OUT, True, message, REASON_TOO_LARGE)
+                )
             elif not out and current is not None and current.get("status") == "True":
-                self._set_left_out(meta, ConditionUpdate(
-                    CONDITION_LEFT_OUT, False, IN_MESSAGE, REASON_IN))  # fmt: skip
+                self._set_left_out(
+                    meta, ConditionUpdate(CONDITION_LEFT_OUT, False, IN_MESSAGE, REASON_IN)
+                )
 
     def _set_left_out(self, meta: JSON, update: ConditionUpdate) -> None:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -406,9 +408,12 @@ class TelemetryProxyReconciler:
 
         try:
             self.client.update_with_retry(
-                LUMIGOES, str(meta.get("name")), str(meta.get("namespace")), mutate,
+                LUMIGOES,
+                str(meta.get("name")),
+                str(meta.get("namespace")),
+                mutate,
                 subresource="status",
-            )  # fmt: skip
+            )
         except ApiError as err:
             if not err.not_found:  # deleted meanwhile: nothing to say
                 raise

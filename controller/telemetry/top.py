@@ -89,8 +89,10 @@ def container_usages(pod_metrics: JSON, limit: int = MAX_CONTAINERS) -> list[Con
                 cpu = millicores(str(usage.get("cpu") or ""))
                 memory = memory_bytes(str(usage.get("memory") or ""))
             except ValueError as err:
-                log.debug("unreadable container usage", extra={"pod": pod, "container": name,
-                                                               "error": str(err)})  # fmt: skip
+                log.debug(
+                    "unreadable container usage",
+                    extra={"pod": pod, "container": name, "error": str(err)},
+                )
                 continue
             if len(out) >= limit:
                 return out
@@ -122,11 +124,19 @@ def otlp_metrics(
         ]
 
     metrics = [
-        {"name": CPU_METRIC, "description": "CPU usage in millicores", "unit": CPU_UNIT,
-         "gauge": {"dataPoints": points(lambda u: {"asDouble": u.cpu})}},
-        {"name": MEMORY_METRIC, "description": "Memory usage in bytes", "unit": MEMORY_UNIT,
-         "gauge": {"dataPoints": points(lambda u: {"asInt": str(u.memory)})}},
-    ]  # fmt: skip
+        {
+            "name": CPU_METRIC,
+            "description": "CPU usage in millicores",
+            "unit": CPU_UNIT,
+            "gauge": {"dataPoints": points(lambda u: {"asDouble": u.cpu})},
+        },
+        {
+            "name": MEMORY_METRIC,
+            "description": "Memory usage in bytes",
+            "unit": MEMORY_UNIT,
+            "gauge": {"dataPoints": points(lambda u: {"asInt": str(u.memory)})},
+        },
+    ]
     return {
         "resourceMetrics": [
             {

@@ -229,8 +229,15 @@ def event_body(event: JSON, root_owner: JSON) -> JSON:
     t = event_times(event)
     first = t["firstTimestamp"] or t["eventTime"] or t["creationTimestamp"]
     last = t["lastTimestamp"] or t["lastObservedTime"] or t["eventTime"] or first
-    involved_keys = ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion",
-                     "fieldPath")  # fmt: skip
+    involved_keys = (
+        "kind",
+        "namespace",
+        "name",
+        "uid",
+        "apiVersion",
+        "resourceVersion",
+        "fieldPath",
+    )
     return {
         "metadata": {key: str(meta.get(key) or "") for key in ("uid", "name", "namespace")},
         "lastTimestamp": _format_time(last),
@@ -315,8 +322,10 @@ class OwnerResolver:
         try:
             obj = self.client.get(resource, ref["name"], self.namespace)
         except ApiError as err:
-            log.debug("owner not readable", extra={"object": f"{ref['kind']}/{ref['name']}",
-                                                   "error": str(err)})  # fmt: skip
+            log.debug(
+                "owner not readable",
+                extra={"object": f"{ref['kind']}/{ref['name']}", "error": str(err)},
+            )
             return ref, None
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
@@ -392,13 +401,17 @@ def otlp_logs(records: Iterable[JSON], resource: dict[str, str], version: str) -
             {
                 "resource": {"attributes": key_values(resource)},
                 "scopeLogs": [
-                    {"scope": {"name": name, "version": version} if name == SCOPE
-                              else {"name": name}, "logRecords": logs}
+                    {
+                        "scope": {"name": name, "version": version}
+                        if name == SCOPE
+                        else {"name": name},
+                        "logRecords": logs,
+                    }
                     for name, logs in scopes.items()
                 ],
             }
         ]
-    }  # fmt: skip
+    }
 
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -499,8 +512,11 @@ class Watchdog:
         if scrape:
             self._last_metrics = now
         pods, _ = self.client.list(PODS, self.settings.namespace)
-        records = [self._pod_record(p, scrape) for p in pods
-                   if p["metadata"]["name"] != self.settings.own_pod]  # fmt: skip
+        records = [
+            self._pod_record(p, scrape)
+            for p in pods
+            if p["metadata"]["name"] != self.settings.own_pod
+        ]
         events, _ = self.client.list(EVENTS, self.settings.namespace)
         records += [self._event_record(e) for e in events if self._new_event(e)]
         # Forget what is gone (Events expire after an hour, pods are replaced).
@@ -526,16 +542,22 @@ class Watchdog:
             client_error = HTTPStatus.BAD_REQUEST <= err.code < HTTPStatus.INTERNAL_SERVER_ERROR
             if client_error and err.code not in RETRIED_CLIENT_ERRORS:
                 # Refused for good (e.g. a wrong token): sending them again cannot succeed.
-                log.warning("watchdog records refused by the upstream; dropped",
-                            extra={"status": err.code, "dropped": len(records)})  # fmt: skip
+                log.warning(
+                    "watchdog records refused by the upstream; dropped",
+                    extra={"status": err.code, "dropped": len(records)},
+                )
                 self._drop(len(records))
             else:
-                log.warning("watchdog export failed; records kept for the next pass",
-                            extra={"status": err.code, "pending": len(records)})  # fmt: skip
+                log.warning(
+                    "watchdog export failed; records kept for the next pass",
+                    extra={"status": err.code, "pending": len(records)},
+                )
             return False
         except OSError as err:  # URLError too: unreachable, timed out
-            log.warning("watchdog export failed; records kept for the next pass",
-                        extra={"error": str(err), "pending": len(records)})  # fmt: skip
+            log.warning(
+                "watchdog export failed; records kept for the next pass",
+                extra={"error": str(err), "pending": len(records)},
+            )
             return False
         self._drop(len(records))
         return True
@@ -552,14 +574,17 @@ class Watchdog:
         try:
             usages = self._top.read()
         except ApiError as err:
-            log.warning("could not read the pods' resource usage; tried again next interval",
-                        extra={"error": str(err)})  # fmt: skip
+            log.warning(
+                "could not read the pods' resource usage; tried again next interval",
+                extra={"error": str(err)},
+            )
             return False
         token = self._token() if usages else ""
         if not token:
             return False
-        payload = otlp_metrics(usages or [], s.namespace, key_values(self.resource()),
-                               time.time_ns())  # fmt: skip
+        payload = otlp_metrics(
+            usages or [], s.namespace, key_values(self.resource()), time.time_ns()
+        )
         try:
             post_otlp(s.metrics_endpoint, payload, token)
         except OSError as err:  # HTTPError and URLError too
@@ -577,8 +602,7 @@ class Watchdog:
                 try:
                     step()
                 except ApiError as err:
-                    log.warning("watchdog could not read the namespace",
-                                extra={"error": str(err)})  # fmt: skip
+                    log.warning("watchdog could not read the namespace", extra={"error": str(err)})
                 except Exception:  # a watchdog that crash-loops reports nothing: log, go on
                     log.exception("watchdog pass failed")
             stop.wait(self.settings.interval)
@@ -596,8 +620,9 @@ class Watchdog:
         token = base64.b64decode(value).decode("utf-8", "replace").strip() if value else ""
         if not token and not self._no_token_logged:
             where = {"secret": f"{s.namespace}/{s.token_secret}", "key": s.token_key}
-            log.warning("no cluster-collection token yet: the watchdog keeps its records",
-                        extra=where)  # fmt: skip
+            log.warning(
+                "no cluster-collection token yet: the watchdog keeps its records", extra=where
+            )
         self._no_token_logged = not token
         return token
 
@@ -609,22 +634,33 @@ class Watchdog:
         if scrape:
             report["metrics"] = self._scrape(pod)
         severity = "WARN" if not report["ready"] or restarted else "INFO"
-        return {"scope": SCOPE, "time_ns": time.time_ns(), "severity_text": severity,
-                "severity_number": SEVERITY[severity], "body": report,
-                "attributes": {"lumigo.watchdog.kind": "pod"}}  # fmt: skip
+        return {
+            "scope": SCOPE,
+            "time_ns": time.time_ns(),
+            "severity_text": severity,
+            "severity_number": SEVERITY[severity],
+            "body": report,
+            "attributes": {"lumigo.watchdog.kind": "pod"},
+        }
 
     def _scrape(self, pod: JSON) -> dict[str, float]:
         ip = (pod.get("status") or {}).get("podIP")
-        ports = [p["containerPort"] for c in (pod.get("spec") or {}).get("containers") or []
-                 for p in c.get("ports") or [] if p.get("name") == "metrics"]  # fmt: skip
+        ports = [
+            p["containerPort"]
+            for c in (pod.get("spec") or {}).get("containers") or []
+            for p in c.get("ports") or []
+            if p.get("name") == "metrics"
+        ]
         out: dict[str, float] = {}
         for port in ports if ip else []:
             try:
                 out.update(select_metrics(self.fetch(f"http://{ip}:{port}/metrics")))
             except (OSError, ValueError) as err:
                 out["lumigo_watchdog_scrape_failed"] = 1.0
-                log.debug("metrics scrape failed", extra={"pod": pod["metadata"]["name"],
-                                                          "error": str(err)})  # fmt: skip
+                log.debug(
+                    "metrics scrape failed",
+                    extra={"pod": pod["metadata"]["name"], "error": str(err)},
+                )
         return out
 
     def _new_event(self, event: JSON) -> bool:

@@ -92,8 +92,9 @@ class HandlerApp:
         try:
             headers, lengths = _headers(scope["headers"])
             if "transfer-encoding" in headers:
-                raise _Refused(status_response(411, "send the body with a Content-Length",
-                                               close=True))  # fmt: skip
+                raise _Refused(
+                    status_response(411, "send the body with a Content-Length", close=True)
+                )
             length = _content_length(lengths, self.limits.max_body_bytes)
         except _Refused as refused:
             await _send(send, refused.response)
@@ -135,10 +136,13 @@ class HandlerApp:
         not_before = started
         while True:
             if not held.cover(min(size, received + QUANTUM)):
-                message = (f"too many large request bodies at once ({self._bodies.capacity} "
-                           f"bytes held): try again")  # fmt: skip
-                raise _Refused(status_response(503, message, headers={"Retry-After": "1"},
-                                               close=True))  # fmt: skip
+                message = (
+                    f"too many large request bodies at once ({self._bodies.capacity} "
+                    f"bytes held): try again"
+                )
+                raise _Refused(
+                    status_response(503, message, headers={"Retry-After": "1"}, close=True)
+                )
             deadline = min(last, started + received / limits.min_body_rate) + limits.body_grace
             try:
                 async with asyncio.timeout_at(max(deadline, not_before)):
@@ -150,9 +154,11 @@ class HandlerApp:
                     # what the client sent meanwhile is not read yet. Look again first.
                     not_before = now + LATE
                     continue
-                message = (f"the request body arrives too slowly ({received} of {size} bytes; "
-                           f"at least {limits.min_body_rate:.0f} bytes/s, with pauses of at "
-                           f"most {limits.body_grace:g} s)")  # fmt: skip
+                message = (
+                    f"the request body arrives too slowly ({received} of {size} bytes; "
+                    f"at least {limits.min_body_rate:.0f} bytes/s, with pauses of at "
+                    f"most {limits.body_grace:g} s)"
+                )
                 raise _Refused(status_response(408, message, close=True)) from None
             if event["type"] == "http.disconnect":
                 return None
@@ -183,8 +189,9 @@ class HandlerApp:
             return self._run(request)
         with slots.hold(self.limits.wait_timeout) as held:
             if not held:
-                return status_response(503, "too many large requests at once: try again",
-                                       headers={"Retry-After": "1"})  # fmt: skip
+                return status_response(
+                    503, "too many large requests at once: try again", headers={"Retry-After": "1"}
+                )
             return self._run(request)
 
     def _run(self, request: Request) -> Response:
@@ -223,8 +230,9 @@ def _headers(raw: list[tuple[bytes, bytes]]) -> tuple[dict[str, str], list[str]]
 def _content_length(lengths: list[str], max_body_bytes: int) -> int | None:
     """The one Content-Length, within the body limit (None: no body announced)."""
     if len(lengths) > 1:
-        raise _Refused(status_response(400, "the request has more than one Content-Length "
-                                            "header", close=True))  # fmt: skip
+        raise _Refused(
+            status_response(400, "the request has more than one Content-Length header", close=True)
+        )
     if not lengths:
         return None
     raw = lengths[0]

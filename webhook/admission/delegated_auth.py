@@ -30,8 +30,9 @@ log = logging.getLogger("lumigo.delegated_auth")
 
 JSON = dict[str, Any]
 
-TOKEN_REVIEWS = Resource("authentication.k8s.io/v1", "TokenReview", "tokenreviews",
-                         namespaced=False)  # fmt: skip
+TOKEN_REVIEWS = Resource(
+    "authentication.k8s.io/v1", "TokenReview", "tokenreviews", namespaced=False
+)
 SUBJECT_ACCESS_REVIEWS = Resource(
     "authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", namespaced=False
 )
@@ -160,9 +161,12 @@ class DelegatedAuth:
             return cached
         review = self._create(
             TOKEN_REVIEWS,
-            {"apiVersion": TOKEN_REVIEWS.api_version, "kind": TOKEN_REVIEWS.kind,
-             "spec": {"token": token}},
-        )  # fmt: skip
+            {
+                "apiVersion": TOKEN_REVIEWS.api_version,
+                "kind": TOKEN_REVIEWS.kind,
+                "spec": {"token": token},
+            },
+        )
         status = review.get("status") or {}
         user: User | None = None
         if status.get("authenticated") is True:
@@ -171,9 +175,13 @@ class DelegatedAuth:
                 name=str(info.get("username") or ""),
                 uid=str(info.get("uid") or ""),
                 groups=tuple(str(g) for g in info.get("groups") or ()),
-                extra=tuple(sorted((str(k), tuple(str(x) for x in v or ()))
-                                   for k, v in (info.get("extra") or {}).items())),
-            )  # fmt: skip
+                extra=tuple(
+                    sorted(
+                        (str(k), tuple(str(x) for x in v or ()))
+                        for k, v in (info.get("extra") or {}).items()
+                    )
+                ),
+            )
         self._tokens.put(key, user or _NOT_AUTHENTICATED, self.cache.token_ttl)
         return user
 
@@ -193,9 +201,12 @@ class DelegatedAuth:
             spec["extra"] = {k: list(v) for k, v in user.extra}
         review = self._create(
             SUBJECT_ACCESS_REVIEWS,
-            {"apiVersion": SUBJECT_ACCESS_REVIEWS.api_version,
-             "kind": SUBJECT_ACCESS_REVIEWS.kind, "spec": spec},
-        )  # fmt: skip
+            {
+                "apiVersion": SUBJECT_ACCESS_REVIEWS.api_version,
+                "kind": SUBJECT_ACCESS_REVIEWS.kind,
+                "spec": spec,
+            },
+        )
         status = review.get("status") or {}
         allowed = status.get("allowed") is True and status.get("denied") is not True
         ttl = self.cache.allow_ttl if allowed else self.cache.deny_ttl

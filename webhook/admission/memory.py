@@ -81,8 +81,11 @@ class MemoryPlan:
 
 
 def _needed(workers: int, budget: int, slots: int, max_body_bytes: int) -> int:
-    return (SUPERVISOR_BYTES + workers * (WORKER_BYTES + budget + max_body_bytes)
-            + slots * LARGE_BODY_BYTES)  # fmt: skip
+    return (
+        SUPERVISOR_BYTES
+        + workers * (WORKER_BYTES + budget + max_body_bytes)
+        + slots * LARGE_BODY_BYTES
+    )
 
 
 def plan(workers: int, limit: int | None, max_body_bytes: int) -> MemoryPlan:
@@ -92,8 +95,9 @@ def plan(workers: int, limit: int | None, max_body_bytes: int) -> MemoryPlan:
     if limit is not None:
         room = int(limit * HEADROOM) - _needed(workers, budget, 0, max_body_bytes)
         slots = max(1, min(slots, room // LARGE_BODY_BYTES))
-    return MemoryPlan(workers, budget, slots, _needed(workers, budget, slots, max_body_bytes),
-                      limit)  # fmt: skip
+    return MemoryPlan(
+        workers, budget, slots, _needed(workers, budget, slots, max_body_bytes), limit
+    )
 
 
 def workers_that_fit(wanted: int, limit: int | None, max_body_bytes: int) -> int:

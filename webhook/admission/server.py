@@ -120,16 +120,20 @@ class _Uvicorn(uvicorn.Server):
         config, loop = self.config, asyncio.get_running_loop()
 
         def create_protocol() -> asyncio.Protocol:
-            return BoundedProtocol(config, self.server_state, self.lifespan.state, self.limits,
-                                   _loop=loop)  # fmt: skip
+            return BoundedProtocol(
+                config, self.server_state, self.lifespan.state, self.limits, _loop=loop
+            )
 
         server = await loop.create_server(
-            create_protocol, sock=self.listener, ssl=config.ssl, backlog=config.backlog,
+            create_protocol,
+            sock=self.listener,
+            ssl=config.ssl,
+            backlog=config.backlog,
             ssl_handshake_timeout=self.limits.handshake_timeout if config.ssl else None,
             # A client that never answers our close_notify must not hold a closed connection
             # (and a graceful stop) for asyncio's default 30 s; Go does not wait at all.
             ssl_shutdown_timeout=_TLS_SHUTDOWN if config.ssl else None,
-        )  # fmt: skip
+        )
         self.servers = [server]
         self.started = True
         self.listening.set()
@@ -165,8 +169,11 @@ class HTTPServer:
         self.name = name
         self._listener = listener
         # The deadlines and caps the protocol enforces, by the same names as in `options`.
-        shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(Connections)
-                  if f.init and hasattr(options, f.name)}  # fmt: skip
+        shared = {
+            f.name: getattr(options, f.name)
+            for f in dataclasses.fields(Connections)
+            if f.init and hasattr(options, f.name)
+        }
         self._limits = Connections(cap=options.max_connections, name=name, **shared)
         self._server: _Uvicorn | None = None
         self._app: HandlerApp | None = None
@@ -282,8 +289,9 @@ class HTTPServer:
         """
         if self._app is not None:
             self._app.closing = True
-            log.info("draining: connections close after their next response",
-                     extra={"server": self.name})  # fmt: skip
+            log.info(
+                "draining: connections close after their next response", extra={"server": self.name}
+            )
 
     def stop(self) -> None:
         """Stop accepting, close idle connections, let requests under way finish (bounded)."""
@@ -309,8 +317,13 @@ class AdmissionServer(HTTPServer):
         *,
         listener: socket.socket | None = None,
     ) -> None:
-        super().__init__(self._admit_request, options or ServerOptions(), tls=tls,
-                         name="webhook", listener=listener)  # fmt: skip
+        super().__init__(
+            self._admit_request,
+            options or ServerOptions(),
+            tls=tls,
+            name="webhook",
+            listener=listener,
+        )
         self.routes = dict(routes)
         for path in self.routes:
             REQUESTS_IN_FLIGHT.labels(path)
