@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the real-node tier in one, every other tier in the other (their
+# groups, tests/conftest.py). TEST_WORKERS=0 runs everything in one process, in file order.
+TEST_WORKERS ?= 2
 export PATH := $(CURDIR)/bin:$(PATH)
 
 .PHONY: help
@@ -70,7 +73,7 @@ images: system-deps payload ## Build the container images from Debian packages, 
 
 .PHONY: test
 test: venv system-deps tools lint payload images ## Install what is missing, then run every test tier
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Only the unit tier (no processes)

@@ -42,6 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        # `make test` runs two pytest-xdist workers (--dist loadgroup): the real-node tier in
+        # one, in file order, everything else in the other, in file order. The node tier waits
+        # on containers and the kubelet more than it computes, so the two share a 2-core
+        # machine well; each group keeps the order (and module fixtures) of a serial run.
+        item.add_marker(pytest.mark.xdist_group("node" if tier == "node" else "rest"))
 
 
 @pytest.hookimpl(wrapper=True)
