@@ -67,8 +67,8 @@ from webhook.admission import certs  # noqa: E402
 from webhook.admission.server import AdmissionServer, ServerOptions  # noqa: E402
 from webhook.admission.tls import ServingTLS  # noqa: E402
 from webhook.inject_handler import InjectHandler  # noqa: E402
-from webhook.mutate_handler import MutateHandler  # noqa: E402
-from webhook.mutation import InjectionSettings  # noqa: E402
+from webhook.lumigo_defaulter import MutateHandler  # noqa: E402
+from webhook.pod_injection import InjectionSettings  # noqa: E402
 from webhook.routes import admission_routes  # noqa: E402
 
 PATH = "/v1alpha1/inject"

@@ -58,8 +58,8 @@ def routes() -> tuple[str, dict[str, Any]]:
     """The real handlers, with an Active Lumigo in the namespace of the benchmark's Deployment."""
     from tests.unit.webhook_samples import StaticLister, lumigo
     from webhook.inject_handler import InjectHandler
-    from webhook.mutate_handler import MutateHandler
-    from webhook.mutation import InjectionSettings
+    from webhook.lumigo_defaulter import MutateHandler
+    from webhook.pod_injection import InjectionSettings
     from webhook.routes import admission_routes
 
     lister = StaticLister({"default": [lumigo(namespace="default")]})

@@ -33,11 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from webhook import mutation
+from webhook import pod_injection
 from webhook.admission import review as admission
 from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "webhook_handler.json"
 JSON = dict[str, Any]
@@ -206,7 +206,7 @@ def main() -> int:
     plain = InjectHandler(Lister([]), NullRecorder(), settings)
     defaulter = MutateHandler(Lister([]))
     obj = deployment()
-    stored = mutation.inject(copy.deepcopy(obj), settings)
+    stored = pod_injection.inject(copy.deepcopy(obj), settings)
     create_body, update_body = review(obj), review(stored, "UPDATE")
     lumigo_body = review(
         {**lumigo(), "spec": {"lumigoToken": {"secretRef": {"name": "s", "key": "k"}}}}

@@ -32,15 +32,15 @@ from controller.runtime.resources import (
     SECRETS,
     Resource,
 )
-from webhook import events
+from webhook import injection_events
 from webhook.admission.cert_manager import FileCerts, ManagedCert, SelfSignedCerts
 from webhook.admission.certs import CertPolicy
 from webhook.admission.readiness import NotReady
 from webhook.admission.server import AdmissionServer, ServerOptions
 from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
 from webhook.routes import admission_routes
 
 JSON = dict[str, Any]
@@ -184,7 +184,7 @@ def certificate_policy(opts: RunOptions) -> CertPolicy:
 def inject_handler(
     opts: RunOptions,
     lumigoes: Informer,
-    recorder: events.EventRecorder,
+    recorder: injection_events.EventRecorder,
     injection_mode: Callable[[], str] | None,
 ) -> InjectHandler:
     """The injector route's handler, answering from `lumigoes` once it has synced.

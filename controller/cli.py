@@ -151,7 +151,7 @@ def _uninstall(args: argparse.Namespace) -> int:
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
     from controller.runtime.resources import ApiError  # noqa: PLC0415
     from controller.telemetry.provider_id import remove_annotations  # noqa: PLC0415
-    from webhook.events import UNINSTALL_COMPONENT  # noqa: PLC0415
+    from webhook.injection_events import UNINSTALL_COMPONENT  # noqa: PLC0415
 
     client = KubeClient.from_env(args.kubeconfig)
     recorder = EventRecorder(client)

@@ -29,7 +29,7 @@ from controller.lumigo import rollouts
 from controller.lumigo.health import Thresholds
 from controller.lumigo.injection_mode import InjectionModePublisher
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
-from controller.lumigo.reconciler import LumigoReconciler
+from controller.lumigo.lumigo_reconciler import LumigoReconciler
 from controller.lumigo.revert import PodReader, Reverter
 from controller.lumigo.skipped import STORAGE_PROBLEM, storage_state
 from controller.options import RunOptions
@@ -45,11 +45,11 @@ from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
 from controller.telemetry.agent_config import AgentSettings, MetricsSettings
 from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.provider_id import add_node_provider_ids
-from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import Redaction
-from webhook import events
+from webhook import injection_events
 from webhook.admission.cert_manager import CertWriter
-from webhook.mutation import InjectionSettings
+from webhook.pod_injection import InjectionSettings
 
 log = logging.getLogger("lumigo.operator")
 
@@ -113,7 +113,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
         manager, client, opts, lumigoes=lumigoes, recorder=recorder, injection_mode=injection_mode
     )
 
-    component = events.controller_component(opts.operator_version)
+    component = injection_events.controller_component(opts.operator_version)
     thresholds = Thresholds(restarts=opts.revert_restarts, unready_after=opts.revert_unready_after)
     pods = PodReader(client)
     instrumenter = Instrumenter(

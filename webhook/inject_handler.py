@@ -4,7 +4,7 @@ Wiring (the manager does this; the handler never imports controller/):
 
     handler = InjectHandler(
         lumigoes=lumigo_informer.store,    # LumigoLister: .list(namespace) -> raw Lumigo dicts
-        recorder=event_recorder,           # events.EventRecorder: .event(obj, type, reason, ...)
+        recorder=event_recorder,           # injection_events.EventRecorder: .event(obj, type, ...)
         settings=InjectionSettings(operator_version=..., injector_image=..., ...),
     )
     response = handler.handle(request)    # admission.AdmissionRequest -> AdmissionResponse
@@ -56,7 +56,7 @@ from prometheus_client import Counter
 from api import constants, marks
 from api.effective import governing, in_effect
 from api.lumigo import load_spec
-from webhook import events, mutation
+from webhook import injection_events, pod_injection
 from webhook.admission.jsonpatch import diff
 from webhook.admission.review import (
     AdmissionRequest,
@@ -65,7 +65,7 @@ from webhook.admission.review import (
     allow,
     patched,
 )
-from webhook.mutation import InjectionSettings, InvalidObjectError, OptedOutError
+from webhook.pod_injection import InjectionSettings, InvalidObjectError, OptedOutError
 
 log = logging.getLogger("lumigo.webhook.inject")
 
@@ -157,7 +157,7 @@ class InjectHandler:
     def __init__(
         self,
         lumigoes: LumigoLister,
-        recorder: events.EventRecorder,
+        recorder: injection_events.EventRecorder,
         settings: InjectionSettings,
         *,
         max_namespace_series: int = MAX_NAMESPACE_SERIES,
@@ -168,7 +168,7 @@ class InjectHandler:
         self.settings = settings
         # Asked on every admission when the mode follows the cluster (--injection-mode=auto).
         self.injection_mode = injection_mode
-        self.component = events.webhook_component(settings.operator_version)
+        self.component = injection_events.webhook_component(settings.operator_version)
         self._max_namespaces = max_namespace_series
         self._namespaces: set[str] = set()
         self._spec_settings: dict[str, InjectionSettings] = {}
@@ -181,13 +181,13 @@ class InjectHandler:
                 return allow(request, NOTHING_ON_DELETE)
             return allow(request, f"Nothing to do on {request.operation}")
         kind = request.kind
-        if mutation.SUPPORTED_KINDS.get(kind.kind) != kind.api_version:
+        if pod_injection.SUPPORTED_KINDS.get(kind.kind) != kind.api_version:
             return allow(request, NOT_A_WORKLOAD.format(kind=kind))
         if request.sub_resource:  # e.g. deployments/status: the API server ignores spec changes
             return allow(request, NOT_A_SUBRESOURCE.format(sub_resource=request.sub_resource))
         obj = request.object or {}
         try:
-            mutation.validate(obj, kind.kind)
+            pod_injection.validate(obj, kind.kind)
         except InvalidObjectError as err:
             # kind and apiVersion are a supported pair here (checked above), not free text.
             raise BadRequest(f"cannot decode the {kind.api_version} {kind.kind}: {err}") from None
@@ -197,7 +197,7 @@ class InjectHandler:
             obj,
             namespace=request.namespace or str(meta.get("namespace") or ""),
             name=str(meta.get("name") or request.name),
-            label=mutation.auto_trace_label(obj),
+            label=pod_injection.auto_trace_label(obj),
         )
         try:
             decision = self._decide(subject)
@@ -227,7 +227,7 @@ class InjectHandler:
             )
             message = LIST_FAILED.format(namespace=namespace, error=err)
             return _Decision(allow(request, message), "failed", "list-error")
-        if request.operation == "UPDATE" and mutation.is_opted_out(subject.obj):
+        if request.operation == "UPDATE" and pod_injection.is_opted_out(subject.obj):
             removed = self._remove_opted_out(subject, lumigoes)
             if removed is not None:
                 return removed
@@ -271,15 +271,15 @@ class InjectHandler:
         request, kind = subject.request, subject.request.kind.kind
         if kind == "Job":
             return None
-        ops = diff(subject.obj, mutation.remove(subject.obj, kind))
+        ops = diff(subject.obj, pod_injection.remove(subject.obj, kind))
         if not ops:
             return None
         lumigo = governing(lumigoes)
         meta = _metadata(lumigo) if lumigo is not None else {}
-        trigger = events.webhook_trigger(
+        trigger = injection_events.webhook_trigger(
             str(meta.get("namespace", subject.namespace)), str(meta.get("name", subject.name))
         )
-        self._record(subject, events.NORMAL, "remove", trigger, None)
+        self._record(subject, injection_events.NORMAL, "remove", trigger, None)
         return _Decision(patched(request, ops), "removed", "opted-out")
 
     # -- injection -------------------------------------------------------------------------------
@@ -287,7 +287,7 @@ class InjectHandler:
         request, kind = subject.request, subject.request.kind.kind
         try:
             settings = self._settings_for(source, subject.obj)
-            mutated = mutation.inject(subject.obj, settings, kind)
+            mutated = pod_injection.inject(subject.obj, settings, kind)
         except OptedOutError as err:
             # The user's explicit choice: answer why, but no Warning event (the reference's spam).
             message = CANNOT_INJECT.format(error=err)
@@ -297,28 +297,28 @@ class InjectHandler:
             error = str(err) if expected else INTERNAL_ERROR.format(error=type(err).__name__)
             if not expected:
                 log.exception("injection failed", extra=_log_fields(subject))
-            action: events.Action = "update" if subject.had_instrumentation else "add"
-            trigger = events.webhook_trigger(
+            action: injection_events.Action = "update" if subject.had_instrumentation else "add"
+            trigger = injection_events.webhook_trigger(
                 source.trigger_namespace, source.trigger_name, cannot_add=action == "add"
             )
-            self._record(subject, events.WARNING, action, trigger, error)
+            self._record(subject, injection_events.WARNING, action, trigger, error)
             reason = "invalid-settings" if expected else "internal-error"
             return _Decision(allow(request, CANNOT_INJECT.format(error=error)), "failed", reason)
         self._warn_about_containers(subject, kind)
         ops = diff(subject.obj, mutated)
-        evicted_by_copy = mutation.storage_problem(subject.obj, settings, kind)
+        evicted_by_copy = pod_injection.storage_problem(subject.obj, settings, kind)
         if evicted_by_copy is not None:
             # Never get a user's pod evicted: not instrumented (what was there is removed), and
             # a Warning says why; the controller lists it in the Lumigo's status.
-            trigger = events.webhook_trigger(
+            trigger = injection_events.webhook_trigger(
                 source.trigger_namespace, source.trigger_name, cannot_add=True
             )
-            self._record(subject, events.WARNING, "add", trigger, evicted_by_copy)
+            self._record(subject, injection_events.WARNING, "add", trigger, evicted_by_copy)
             if kind == "Job" and request.operation == "UPDATE":
                 ops = []  # immutable pod template: left as it is
             return _Decision(patched(request, ops), "skipped", "ephemeral-storage")
         if not ops:
-            reason = mutation.skip_reason(subject.obj, kind) or "already-instrumented"
+            reason = pod_injection.skip_reason(subject.obj, kind) or "already-instrumented"
             return _Decision(patched(request, []), "unchanged", reason)
         if kind == "Job" and request.operation == "UPDATE":
             message = CANNOT_INJECT.format(error=JOB_IMMUTABLE)
@@ -331,20 +331,20 @@ class InjectHandler:
             marks.set_annotations(retry, marks.marks(subject.obj, self.clock(), healthy))
             ops = diff(subject.obj, retry)
         action = "update" if subject.had_instrumentation else "add"
-        trigger = events.webhook_trigger(source.trigger_namespace, source.trigger_name)
-        self._record(subject, events.NORMAL, action, trigger, None)
+        trigger = injection_events.webhook_trigger(source.trigger_namespace, source.trigger_name)
+        self._record(subject, injection_events.NORMAL, action, trigger, None)
         result = "updated" if subject.had_instrumentation else "injected"
         return _Decision(patched(request, ops), result, source.reason)
 
     def _warn_about_containers(self, subject: _Subject, kind: str) -> None:
         """A per-container annotation that could not be honoured as written: a Warning event
         (the workload is admitted all the same, with what could be understood)."""
-        problem = mutation.container_selection(subject.obj, kind).problem
+        problem = pod_injection.container_selection(subject.obj, kind).problem
         if problem is None or subject.request.dry_run:
             return
         # Quotes the annotations' names: user text, bounded like every other quoted value.
-        message = events.bounded(problem, 2 * events.MAX_QUOTED)
-        self._event(subject, events.WARNING, constants.REASON_INVALID_CONTAINERS, message)
+        message = injection_events.bounded(problem, 2 * injection_events.MAX_QUOTED)
+        self._event(subject, injection_events.WARNING, constants.REASON_INVALID_CONTAINERS, message)
 
     def _settings_for(self, source: _Source, obj: JSON) -> InjectionSettings:
         if source.reason == "lumigo":
@@ -377,7 +377,7 @@ class InjectHandler:
         self,
         subject: _Subject,
         type_: str,
-        action: events.Action,
+        action: injection_events.Action,
         trigger: str,
         error: str | None,
     ) -> None:
@@ -386,8 +386,8 @@ class InjectHandler:
         self._event(
             subject,
             type_,
-            events.reason(action, failed=error is not None),
-            events.message(action, trigger, error),
+            injection_events.reason(action, failed=error is not None),
+            injection_events.message(action, trigger, error),
         )
 
     def _event(self, subject: _Subject, type_: str, reason: str, message: str) -> None:

@@ -18,10 +18,10 @@ from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import ApiError
-from webhook.mutate_handler import ALREADY_EXISTS
+from webhook.lumigo_defaulter import ALREADY_EXISTS
 
 log = logging.getLogger("lumigo.admission-probe")
-# The start of the defaulter's one-Lumigo-per-namespace denial (webhook.mutate_handler).
+# The start of the defaulter's one-Lumigo-per-namespace denial (webhook.lumigo_defaulter).
 ALREADY_THERE: Final = ALREADY_EXISTS.partition("{namespace}")[0]
 
 PROBE: Final = {

@@ -23,7 +23,7 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
 from controller.runtime.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
-from webhook import events, mutation
+from webhook import injection_events, pod_injection
 from webhook.admission import jsonpatch
 
 log = logging.getLogger("lumigo.instrumentation")
@@ -84,7 +84,7 @@ def target_order(target: Target) -> tuple[int, str]:
 
 def is_labelled_instrumented(obj: JSON) -> bool:
     """Carries the auto-trace label with any value but `false` (the reference's selector)."""
-    return mutation.auto_trace_label(obj) is not None and not mutation.is_opted_out(obj)
+    return pod_injection.auto_trace_label(obj) is not None and not pod_injection.is_opted_out(obj)
 
 
 # Key the workload caches add to the metadata projection of a workload labelled `false`: whether
@@ -95,11 +95,11 @@ OPTED_OUT_INSTRUMENTED: Final = "lumigoOptedOutInstrumented"
 def opted_out_state(obj: JSON) -> JSON:
     """The projection extra (`metadata_projection(opted_out_state)`); computed for workloads
     labelled `false` only, so the cost stays off every other workload event."""
-    if not mutation.is_opted_out(obj) or mutation.is_deployment_owned(obj):
+    if not pod_injection.is_opted_out(obj) or pod_injection.is_deployment_owned(obj):
         return {}
     try:
-        return {OPTED_OUT_INSTRUMENTED: mutation.is_instrumented(obj)}
-    except mutation.MutationError:
+        return {OPTED_OUT_INSTRUMENTED: pod_injection.is_instrumented(obj)}
+    except pod_injection.MutationError:
         return {}
 
 
@@ -111,7 +111,7 @@ def is_opted_out_and_instrumented(obj: JSON) -> bool:
 
 def is_opted_out_but_instrumented(obj: JSON) -> bool:
     """A cached workload labelled `false` whose pod template still has our instrumentation."""
-    return mutation.is_opted_out(obj) and obj.get(OPTED_OUT_INSTRUMENTED) is True
+    return pod_injection.is_opted_out(obj) and obj.get(OPTED_OUT_INSTRUMENTED) is True
 
 
 def is_instrumented_now(obj: JSON) -> bool:
@@ -125,7 +125,7 @@ class Instrumenter:
     """Adds or removes the injection on workloads, `concurrency` at a time."""
 
     client: KubeClient
-    recorder: events.EventRecorder
+    recorder: injection_events.EventRecorder
     _: KW_ONLY
     component: str
     concurrency: int = 8
@@ -138,7 +138,7 @@ class Instrumenter:
     def instrument(
         self,
         target: Target,
-        settings: mutation.InjectionSettings,
+        settings: pod_injection.InjectionSettings,
         trigger: str,
         current: JSON | None = None,
     ) -> Outcome:
@@ -146,9 +146,9 @@ class Instrumenter:
             return self._job_is_immutable(target, "add", trigger)
 
         def change(obj: JSON) -> JSON | None:
-            if mutation.auto_trace_label(obj) is not None or is_reverted(obj):
+            if pod_injection.auto_trace_label(obj) is not None or is_reverted(obj):
                 return None  # labelled meanwhile (webhook, user opt-out), or reverted
-            mutated = mutation.inject(obj, settings)
+            mutated = pod_injection.inject(obj, settings)
             if jsonpatch.same(mutated, obj):
                 return None
             if target.resource.kind in ROLLING_KINDS and self.pods_healthy is not None:
@@ -161,7 +161,7 @@ class Instrumenter:
         def checked(obj: JSON) -> JSON | None:
             result = change(obj)
             if result is not None:
-                written.append((result, mutation.container_selection(result).problem))
+                written.append((result, pod_injection.container_selection(result).problem))
             return result
 
         outcome = self._write(target, checked, "add", trigger, current=current)
@@ -171,7 +171,7 @@ class Instrumenter:
             if problem is not None:
                 self.recorder.event(
                     obj,
-                    events.WARNING,
+                    injection_events.WARNING,
                     constants.REASON_INVALID_CONTAINERS,
                     problem,
                     self.component,
@@ -185,7 +185,7 @@ class Instrumenter:
         def change(obj: JSON) -> JSON | None:
             if not is_labelled_instrumented(obj):
                 return None
-            cleaned = mutation.remove(obj)
+            cleaned = pod_injection.remove(obj)
             if jsonpatch.same(cleaned, obj):
                 return None
             set_annotations(cleaned, ROLLOUT_MARKS_CLEARED)
@@ -205,9 +205,9 @@ class Instrumenter:
         """Clean a workload the user labelled `false` (the label stays: they opted out)."""
 
         def change(obj: JSON) -> JSON | None:
-            if not mutation.is_opted_out(obj):
+            if not pod_injection.is_opted_out(obj):
                 return None  # the user changed their mind meanwhile
-            cleaned = mutation.remove(obj)
+            cleaned = pod_injection.remove(obj)
             if jsonpatch.same(cleaned, obj):
                 return None
             set_annotations(cleaned, ROLLOUT_MARKS_CLEARED)
@@ -236,7 +236,7 @@ class Instrumenter:
     def instrument_all(
         self,
         targets: Iterable[Target],
-        settings: mutation.InjectionSettings,
+        settings: pod_injection.InjectionSettings,
         trigger: str,
         current: dict[Target, JSON] | None = None,
     ) -> list[Outcome]:
@@ -266,7 +266,7 @@ class Instrumenter:
         self,
         target: Target,
         change: Callable[[JSON], JSON | None],
-        action: events.Action,
+        action: injection_events.Action,
         trigger: str,
         component: str | None = None,
         *,
@@ -281,37 +281,46 @@ class Instrumenter:
             if err.not_found:
                 return Outcome(target, False)  # deleted meanwhile: nothing to do
             return self._failed(target, action, trigger, component, err.message)
-        except mutation.MutationError as err:
+        except pod_injection.MutationError as err:
             return self._failed(target, action, trigger, component, str(err))
         if result is None:
             return Outcome(target, False)
         self.recorder.event(
             result,
-            events.NORMAL,
-            events.reason(action),
-            events.message(action, trigger),
+            injection_events.NORMAL,
+            injection_events.reason(action),
+            injection_events.message(action, trigger),
             component,
         )
         return Outcome(target, True)
 
     def _failed(
-        self, target: Target, action: events.Action, trigger: str, component: str, error: str
+        self,
+        target: Target,
+        action: injection_events.Action,
+        trigger: str,
+        component: str,
+        error: str,
     ) -> Outcome:
         self._event_on(
             target,
-            events.reason(action, failed=True),
-            events.message(action, trigger, error),
+            injection_events.reason(action, failed=True),
+            injection_events.message(action, trigger, error),
             component,
         )
         return Outcome(target, False, error)
 
     def _job_is_immutable(
-        self, target: Target, action: events.Action, trigger: str, component: str | None = None
+        self,
+        target: Target,
+        action: injection_events.Action,
+        trigger: str,
+        component: str | None = None,
     ) -> Outcome:
         self._event_on(
             target,
-            events.reason(action, failed=True),
-            events.message(action, trigger, JOB_IMMUTABLE),
+            injection_events.reason(action, failed=True),
+            injection_events.message(action, trigger, JOB_IMMUTABLE),
             component or self.component,
         )
         return Outcome(target, False)
@@ -321,7 +330,7 @@ class Instrumenter:
             obj = self.client.get(target.resource, target.name, target.namespace)
         except ApiError:
             return
-        self.recorder.event(obj, events.WARNING, reason, message, component)
+        self.recorder.event(obj, injection_events.WARNING, reason, message, component)
 
 
 def _labels(obj: JSON) -> dict[str, str]:

@@ -66,14 +66,14 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.manager import ReconcileError, Result
 from controller.runtime.resources import SECRETS, ApiError
 from controller.runtime.store import ObjectKey
-from webhook import events, mutation
-from webhook.mutation import is_deployment_owned
+from webhook import injection_events, pod_injection
+from webhook.pod_injection import is_deployment_owned
 
 log = logging.getLogger("lumigo.controller")
 
 JSON = dict[str, Any]
 BULK_LIST_THRESHOLD = 10
-SettingsFactory = Callable[[LumigoSpec], mutation.InjectionSettings]
+SettingsFactory = Callable[[LumigoSpec], pod_injection.InjectionSettings]
 
 
 def _now() -> str:
@@ -238,7 +238,7 @@ class LumigoReconciler:
         free = Budget(injection.max_concurrent_rollouts, rolling).free
         now = [t for t in ordered if t.resource.kind not in ROLLING_KINDS] + rollable[:free]
         pending = len(rollable) - len(rollable[:free])
-        trigger = events.controller_trigger(namespace, name)
+        trigger = injection_events.controller_trigger(namespace, name)
         settings = self.settings_for(spec)
         outcomes = self.instrumenter.instrument_all(
             sorted(now, key=target_order), settings, trigger, self._listed(namespace, now)
@@ -264,7 +264,7 @@ class LumigoReconciler:
         }
         lumigo = self.effective_lumigo(namespace)
         name = (lumigo or {}).get("metadata", {}).get("name", "")
-        trigger = events.controller_trigger(namespace, name)
+        trigger = injection_events.controller_trigger(namespace, name)
         with self._started_lock:
             new = [(t, o, w) for t, (o, w) in found.items() if self._warned.get(t) != w]
             self._warned = {t: w for t, w in self._warned.items() if t.namespace != namespace} | {
@@ -273,9 +273,9 @@ class LumigoReconciler:
         for _, obj, why in sorted(new, key=lambda n: target_order(n[0])):
             self.instrumenter.recorder.event(
                 obj,
-                events.WARNING,
-                events.reason("add", failed=True),
-                events.message("add", trigger, why),
+                injection_events.WARNING,
+                injection_events.reason("add", failed=True),
+                injection_events.message("add", trigger, why),
                 self.instrumenter.component,
             )
         return found
@@ -350,7 +350,7 @@ class LumigoReconciler:
         ]
         if not targets:
             return []
-        trigger = events.controller_trigger(namespace, name)
+        trigger = injection_events.controller_trigger(namespace, name)
         return self.instrumenter.remove_opted_out_all(sorted(targets, key=target_order), trigger)
 
     def _listed(self, namespace: str, targets: list[Target]) -> dict[Target, JSON]:

@@ -28,8 +28,8 @@ from controller.lumigo.instrumentation import (
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import JOBS, WORKLOADS, ApiError
-from webhook import events
-from webhook.mutation import is_deployment_owned
+from webhook import injection_events
+from webhook.pod_injection import is_deployment_owned
 
 JSON = dict[str, Any]
 PASSES = 3  # the webhook may inject a new workload while we remove: look again, bounded
@@ -75,7 +75,7 @@ def remove_instrumentation(client: KubeClient, instrumenter: Instrumenter, lumig
     """Un-instrument the Lumigo's namespace; how many workloads changed."""
     meta = lumigo["metadata"]
     namespace = meta["namespace"]
-    trigger = events.controller_trigger(namespace, meta["name"])
+    trigger = injection_events.controller_trigger(namespace, meta["name"])
     changed = 0
     immutable: set[Target] = set()  # Jobs: one CannotRemove event each is enough
     for _ in range(PASSES):

@@ -43,7 +43,7 @@ from controller.lumigo.rollouts import (
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import PODS, ApiError
 from controller.runtime.selectors import selector_string
-from webhook import events, mutation
+from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.revert")
 
@@ -85,7 +85,7 @@ class PodReader:
 @dataclass
 class Reverter:
     client: KubeClient
-    recorder: Any  # events.EventRecorder
+    recorder: Any  # injection_events.EventRecorder
     component: str
     thresholds: health.Thresholds = field(default_factory=health.Thresholds)
     window: float = 600.0  # seconds after instrumenting during which new pods are watched
@@ -129,7 +129,7 @@ class Reverter:
         def change(obj: JSON) -> JSON | None:
             if is_reverted(obj) or not (is_our_revision(obj) and is_labelled_instrumented(obj)):
                 return None  # changed meanwhile: not ours to revert any more
-            cleaned = mutation.remove(obj)
+            cleaned = pod_injection.remove(obj)
             set_annotations(
                 cleaned, {**ROLLOUT_MARKS_CLEARED, constants.ANNOTATION_REVERTED: problem}
             )
@@ -152,7 +152,7 @@ class Reverter:
         )
         self.recorder.event(
             result,
-            events.WARNING,
+            injection_events.WARNING,
             constants.REASON_REVERTED,
             revert_message(kind, target.name, problem),
             self.component,

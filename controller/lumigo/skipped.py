@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from api import constants
-from webhook import mutation, storage
+from webhook import pod_injection, storage
 
 JSON = dict[str, Any]
 
@@ -24,12 +24,12 @@ STORAGE_PROBLEM: Final = "lumigoEphemeralStorageProblem"
 def storage_state(obj: JSON) -> JSON:
     """The projection extra (`metadata_projection`): the storage problem of the workload's pod
     template in the init-container mode, if any."""
-    if mutation.is_deployment_owned(obj):
+    if pod_injection.is_deployment_owned(obj):
         return {}
     try:
         kind = str(obj.get("kind") or "")
-        pod_spec = mutation.pod_spec_of(obj, kind)
-    except mutation.MutationError:
+        pod_spec = pod_injection.pod_spec_of(obj, kind)
+    except pod_injection.MutationError:
         return {}
     problem = storage.problem(pod_spec) if pod_spec is not None else None
     return {STORAGE_PROBLEM: problem} if problem is not None else {}
@@ -39,7 +39,7 @@ def skip_reason(obj: JSON, injection_mode: str) -> str | None:
     """Why a cached workload is not instrumented in `injection_mode`, or None."""
     if injection_mode == constants.INJECTION_MODE_IMAGE_VOLUME:
         return None
-    if mutation.is_opted_out(obj):
+    if pod_injection.is_opted_out(obj):
         return None  # the user's choice, not ours
     problem = obj.get(STORAGE_PROBLEM)
     return problem if isinstance(problem, str) else None

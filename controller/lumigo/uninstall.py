@@ -23,7 +23,7 @@ from controller.lumigo.instrumentation import InstrumentationIncomplete, Instrum
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import ApiError
-from webhook.events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER
+from webhook.injection_events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER
 
 log = logging.getLogger("lumigo.uninstall")
 

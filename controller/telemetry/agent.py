@@ -40,7 +40,7 @@ from controller.telemetry.agent_config import (
     render_agent,
 )
 from controller.telemetry.config import HEALTH_PORT, METRICS_PORT
-from controller.telemetry.reconciler import (
+from controller.telemetry.proxy_reconciler import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
     MANAGED_BY,

@@ -64,7 +64,7 @@ from controller.runtime.resources import (
     Resource,
 )
 from controller.telemetry.config import TOP_LEVEL_KINDS
-from controller.telemetry.reconciler import namespace_uid
+from controller.telemetry.proxy_reconciler import namespace_uid
 from controller.telemetry.top import TopReader, otlp_metrics
 
 log = logging.getLogger("lumigo.watchdog")

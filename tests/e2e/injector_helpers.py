@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from api import constants
-from webhook.mutation import InjectionSettings, inject
+from webhook.pod_injection import InjectionSettings, inject
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -347,7 +347,7 @@ def compile_c(source: Path, out: Path, compiler: str = "gcc", *flags: str) -> Pa
 def injected_pod_spec(
     pod_spec: dict[str, Any], settings: InjectionSettings | None = None
 ) -> dict[str, Any]:
-    """The pod spec of a Deployment after the real webhook mutation (webhook.mutation.inject)."""
+    """The pod spec of a Deployment after the real webhook injection (pod_injection.inject)."""
     labels = {"app": "app"}
     deployment = {
         "apiVersion": "apps/v1",

@@ -218,7 +218,7 @@ def denied(cluster: LocalCluster, namespace: str, sa: str, checks: list[list[str
 
 
 def telemetry_reconciler_requests(namespace: str, fullname: str) -> list[list[str]]:
-    """Every request controller/telemetry/reconciler.py makes, as `kubectl auth can-i` args."""
+    """Each request controller/telemetry/proxy_reconciler.py makes, as `kubectl auth can-i` args."""
     deployment = f"deployments.apps/{fullname}-telemetry-proxy"
     secret = f"secrets/{fullname}-telemetry-proxy-config"
     return [

@@ -33,7 +33,7 @@ from tests.e2e.injector_helpers import (
     python_interpreters,
     running_app,
 )
-from webhook.mutation import InjectionSettings
+from webhook.pod_injection import InjectionSettings
 
 CLONE_NEWNET = 0x40000000
 CONNECT = re.compile(r"connect\(\d+, \{sa_family=(AF_\w+), (.*?)\}, \d+\)")

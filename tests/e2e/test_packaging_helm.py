@@ -49,7 +49,7 @@ from tests.e2e.packaging_support import (
 )
 from tests.support.checks import clean, has_event, is_active
 from tests.support.workloads import workload
-from webhook.events import UNINSTALL_TRIGGER
+from webhook.injection_events import UNINSTALL_TRIGGER
 
 TOKEN = "t_0123456789abcdef01234"  # well-formed, not a real token
 SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"

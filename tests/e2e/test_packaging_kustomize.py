@@ -22,7 +22,7 @@ from controller.lumigo.resources import LUMIGOES
 from controller.options import run_options
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, EVENTS, SECRETS
-from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
+from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import LocalCluster, wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,

@@ -37,7 +37,7 @@ from controller.telemetry.config import (
     MonitoredNamespace,
     render,
 )
-from controller.telemetry.reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import LAST_APPLIED, REDACTED, Redaction
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active

@@ -23,7 +23,7 @@ from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, SECRETS, SERVICES, Resource
 from controller.telemetry.config import HEALTH_PORT, OTLP_HTTP_PORT, render
-from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import ROOT, LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import (

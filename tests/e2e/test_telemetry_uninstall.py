@@ -12,7 +12,7 @@ from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, SECRETS
 from controller.telemetry.config import ProxySettings
-from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 
 PROXY = "lumigo-telemetry-proxy"

@@ -14,7 +14,7 @@ from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.telemetry.agent import FIELD_MANAGER, AgentTarget, ClusterAgentReconciler
 from controller.telemetry.agent_config import TOKEN_ENV, AgentSettings, LogFileRule, MetricsSettings
 from controller.telemetry.config import Origin, ProxySettings
-from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION, CONFIG_KEY
+from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION, CONFIG_KEY
 from tests.support.workloads import one_container_deployment
 
 PROXY = "lumigo-telemetry-proxy"

@@ -23,7 +23,7 @@ from localcluster import LocalCluster, wait_until
 from tests.support import reviews
 from webhook.admission.review import parse_review
 from webhook.inject_handler import InjectHandler
-from webhook.mutation import InjectionSettings
+from webhook.pod_injection import InjectionSettings
 
 JSON = dict[str, Any]
 

@@ -15,7 +15,7 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, Resource
 from localcluster import LocalCluster
 from tests.support.workloads import workload
-from webhook import mutation
+from webhook import pod_injection
 
 JSON = dict[str, Any]
 
@@ -52,8 +52,10 @@ def test_handshake_label_is_dropped_despite_a_concurrent_writer(
     cluster: LocalCluster, namespace: str
 ) -> None:
     client = OtherWriter.from_kubeconfig(cluster.kubeconfig)
-    settings = mutation.InjectionSettings(operator_version="0.1.0")
-    client.create(DEPLOYMENTS, mutation.inject(workload(DEPLOYMENTS, "shop"), settings), namespace)
+    settings = pod_injection.InjectionSettings(operator_version="0.1.0")
+    client.create(
+        DEPLOYMENTS, pod_injection.inject(workload(DEPLOYMENTS, "shop"), settings), namespace
+    )
     client.bumps = 2
     recorder = Events()
     instrumenter = Instrumenter(client, recorder, component="test")
@@ -64,6 +66,6 @@ def test_handshake_label_is_dropped_despite_a_concurrent_writer(
     assert client.bumps == 0, "the concurrent writes happened"
     stored = client.get(DEPLOYMENTS, "shop", namespace)
     assert constants.LABEL_AUTO_TRACE not in (stored["metadata"].get("labels") or {})
-    assert mutation.auto_trace_label(stored) is None
+    assert pod_injection.auto_trace_label(stored) is None
     assert "lumigo-injector" not in str(stored["spec"])
     assert recorder.reasons == ["LumigoRemovedInstrumentation"]

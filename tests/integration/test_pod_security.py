@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import PODS, ApiError
 from localcluster import LocalCluster
-from webhook.mutation import InjectionSettings, inject
+from webhook.pod_injection import InjectionSettings, inject
 
 JSON = dict[str, Any]
 LEVELS = ("restricted", "baseline", "privileged")

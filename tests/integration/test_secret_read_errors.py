@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 
 from api import constants
 from controller.lumigo.instrumentation import Instrumenter
-from controller.lumigo.reconciler import LumigoReconciler
+from controller.lumigo.lumigo_reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
@@ -27,14 +27,14 @@ from controller.runtime.manager import Controller, ReconcileError
 from controller.runtime.resources import DEPLOYMENTS, SECRETS, ApiError
 from controller.runtime.store import ObjectKey
 from controller.telemetry.config import Origin, ProxySettings
-from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.workloads import workload
-from webhook import mutation
+from webhook import pod_injection
 
 JSON = dict[str, Any]
-SETTINGS = mutation.InjectionSettings(operator_version="0.1.0")
+SETTINGS = pod_injection.InjectionSettings(operator_version="0.1.0")
 KEY_NAME = "lumigo"
 
 
@@ -138,7 +138,9 @@ def test_a_forbidden_secret_read_changes_nothing_and_is_retried(
 ) -> None:
     lumigoes, deployments = informers
     create_token_secret(kube, namespace, random_token())
-    kube.create(DEPLOYMENTS, mutation.inject(workload(DEPLOYMENTS, "shop"), SETTINGS), namespace)
+    kube.create(
+        DEPLOYMENTS, pod_injection.inject(workload(DEPLOYMENTS, "shop"), SETTINGS), namespace
+    )
     create_lumigo(kube, namespace)
     key = ObjectKey(namespace, KEY_NAME)
     wait_until(lambda: lumigoes.get(namespace, KEY_NAME) is not None, 30, "the Lumigo cached")

@@ -31,7 +31,7 @@ from controller.runtime.resources import (
     ApiError,
 )
 from controller.telemetry.config import Origin, ProxySettings
-from controller.telemetry.reconciler import (
+from controller.telemetry.proxy_reconciler import (
     CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
     ProxyTarget,

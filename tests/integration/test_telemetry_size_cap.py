@@ -16,7 +16,7 @@ from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS
 from controller.telemetry.config import Origin, ProxySettings, render
-from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import LocalCluster, wait_until
 from tests.integration.test_telemetry_reconciler import (
     PROXY,

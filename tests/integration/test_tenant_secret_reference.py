@@ -21,14 +21,14 @@ import pytest
 from api import constants
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import Instrumenter
-from controller.lumigo.reconciler import LumigoReconciler
+from controller.lumigo.lumigo_reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import SECRETS, ApiError
 from localcluster import KubectlError, LocalCluster
 from tests.support.lumigo import create_token_secret, random_token
-from webhook import mutation
+from webhook import pod_injection
 
 JSON = dict[str, Any]
 STOLEN = "stolen-token"
@@ -110,7 +110,7 @@ def test_the_reconciler_refuses_such_a_lumigo_and_reads_no_secret(
             lumigoes=lumigoes,
             workloads={},
             instrumenter=Instrumenter(kube, NoEvents(), component="test"),
-            settings_for=mutation.InjectionSettings(operator_version="0.1.0").for_spec,
+            settings_for=pod_injection.InjectionSettings(operator_version="0.1.0").for_spec,
             resync_period=1.0,
             error_requeue=1.0,
         )

@@ -18,12 +18,12 @@ import pytest
 
 from api import constants
 from localcluster import KubectlError, LocalCluster, wait_until
-from webhook import mutation
+from webhook import pod_injection
 from webhook.admission.jsonpatch import apply
 from webhook.admission.review import AdmissionResponse, parse_review
 from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
 
 JSON = dict[str, Any]
 SETTINGS = InjectionSettings(operator_version="0.1.0-test", injector_image="example/injector:1")
@@ -148,7 +148,7 @@ def manifest(kind: str, name: str, namespace: str) -> JSON:
         spec = {"selector": selector, "serviceName": name, "template": template(name)}
     else:
         spec = {"selector": selector, "template": template(name)}
-    api_version = mutation.SUPPORTED_KINDS[kind]
+    api_version = pod_injection.SUPPORTED_KINDS[kind]
     return {
         "apiVersion": api_version,
         "kind": kind,
@@ -159,7 +159,7 @@ def manifest(kind: str, name: str, namespace: str) -> JSON:
 
 def pod_spec_of(obj: JSON) -> JSON:
     node = obj
-    for key in (*mutation.pod_template_path(obj["kind"]), "spec"):
+    for key in (*pod_injection.pod_template_path(obj["kind"]), "spec"):
         node = node[key]
     return node
 
@@ -220,26 +220,28 @@ def test_the_injected_object_is_accepted_stored_and_stable(
     assert web[0]["name"] == "LUMIGO_ORIGINAL_LD_PRELOAD"
     assert web[0]["valueFrom"]["configMapKeyRef"]["name"] == "preload"
     assert worker[0] == {"name": "LUMIGO_ORIGINAL_LD_PRELOAD", "value": "/usr/lib/libjemalloc.so.2"}
-    assert worker[1] == {"name": "LD_PRELOAD", "value": mutation.CHAINED_LD_PRELOAD}
+    assert worker[1] == {"name": "LD_PRELOAD", "value": pod_injection.CHAINED_LD_PRELOAD}
     # Every container is Guaranteed, so ours is too (requests == limits).
     init_resources = spec["initContainers"][1]["resources"]
     assert init_resources["requests"] == init_resources["limits"]
 
     # Re-injecting what the server stored is a no-op: no patch, no event on the next update.
-    assert mutation.inject(stored, SETTINGS) == stored
+    assert pod_injection.inject(stored, SETTINGS) == stored
     update = handler.handle(parse_review(admission_body(stored, "UPDATE"), "application/json"))
     assert patch_of(update) == []
     assert events.recorded == [("Normal", constants.REASON_ADDED)]
 
     # Removal gives back an object the server accepts, without anything of ours.
-    cleaned = mutation.remove(stored)
-    assert not mutation.is_instrumented(cleaned)
+    cleaned = pod_injection.remove(stored)
+    assert not pod_injection.is_instrumented(cleaned)
     if kind == "Job":  # why the webhook never patches a Job on UPDATE
         for _ in range(10):  # the Job controller may write the status meanwhile: re-read
             refused = cluster.kubectl("replace", "-f", "-", input=json.dumps(cleaned), check=False)
             if "Conflict" not in refused:
                 break
-            cleaned = mutation.remove(kubectl_json(cluster, "get", "job", name, "-n", namespace))
+            cleaned = pod_injection.remove(
+                kubectl_json(cluster, "get", "job", name, "-n", namespace)
+            )
         assert "field is immutable" in refused
         return
     # kube-controller-manager may write the status meanwhile: re-read and retry on a conflict.
@@ -250,7 +252,7 @@ def test_the_injected_object_is_accepted_stored_and_stable(
         except KubectlError as err:
             if "Conflict" not in err.output:
                 raise
-            cleaned = mutation.remove(kubectl_json(cluster, "get", kind.lower(), name, "-n",
+            cleaned = pod_injection.remove(kubectl_json(cluster, "get", kind.lower(), name, "-n",
                                                    namespace))  # fmt: skip
     else:
         raise AssertionError("kept conflicting with kube-controller-manager")
@@ -281,7 +283,7 @@ def test_unusual_pods_are_still_accepted(
         init = pod_spec_of(stored)["initContainers"][-1]
         assert init["name"] == "lumigo-injector", name
         assert init["securityContext"]["runAsUser"] != 0, name
-        assert mutation.inject(stored, SETTINGS) == stored, name
+        assert pod_injection.inject(stored, SETTINGS) == stored, name
 
 
 def test_pods_are_created_from_an_injected_template(

@@ -35,8 +35,8 @@ from webhook.admission.routing import Route
 from webhook.admission.server import AdmissionServer, ServerOptions
 from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
 from webhook.routes import admission_routes
 
 INJECT = "/v1alpha1/inject"

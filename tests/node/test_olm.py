@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from api.marks import parse_time
-from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
+from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from controller.telemetry.restart import last_write
 from localcluster import LocalCluster
 from tests.e2e.packaging_support import ROOT, deployment_available, get_json

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from controller.telemetry.config import EVENTS_SCOPE, HEARTBEAT_SCOPE, OBJECTS_SCOPE
-from controller.telemetry.reconciler import CONFIG_HASH_ANNOTATION
+from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from localcluster import wait_until
 from tests.e2e.packaging_support import CHART, deployment_available, get_json, is_injected
 from tests.node.conftest import NodeHolder

@@ -179,8 +179,8 @@ def real_routes() -> dict[str, Route]:
     """The operator's two routes with its real handlers, an Active Lumigo in `default`."""
     from tests.unit.webhook_samples import StaticLister, lumigo
     from webhook.inject_handler import InjectHandler
-    from webhook.mutate_handler import MutateHandler
-    from webhook.mutation import InjectionSettings
+    from webhook.lumigo_defaulter import MutateHandler
+    from webhook.pod_injection import InjectionSettings
     from webhook.routes import admission_routes
 
     lister = StaticLister({"default": [lumigo(namespace="default")]})

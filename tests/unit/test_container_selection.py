@@ -7,9 +7,9 @@ import copy
 from typing import Any
 
 from api import constants
-from webhook import mutation
+from webhook import pod_injection
 from webhook.containers import select
-from webhook.mutation import InjectionSettings
+from webhook.pod_injection import InjectionSettings
 
 from .test_webhook_inject_handler import World, patched_object
 from .webhook_samples import simple_template, template_of, workload
@@ -43,7 +43,7 @@ def traced(obj: JSON) -> dict[str, bool]:
 
 def test_excluded_containers_are_left_untraced() -> None:
     obj = three_containers(**{EXCLUDE: "istio-proxy, fluent-bit"})
-    out = mutation.inject(obj, SETTINGS)
+    out = pod_injection.inject(obj, SETTINGS)
     assert traced(out) == {"app": True, "istio-proxy": False, "fluent-bit": False}
     assert template_of(out)["spec"]["initContainers"][0]["name"] == "lumigo-injector"
     untouched = template_of(out)["spec"]["containers"][1]
@@ -51,17 +51,17 @@ def test_excluded_containers_are_left_untraced() -> None:
 
 
 def test_included_containers_are_the_only_ones_traced() -> None:
-    out = mutation.inject(three_containers(**{INCLUDE: "app"}), SETTINGS)
+    out = pod_injection.inject(three_containers(**{INCLUDE: "app"}), SETTINGS)
     assert traced(out) == {"app": True, "istio-proxy": False, "fluent-bit": False}
-    assert mutation.container_selection(out).problem is None
+    assert pod_injection.container_selection(out).problem is None
 
 
 def test_excluding_a_traced_container_later_removes_our_env_from_it_only() -> None:
-    injected = mutation.inject(three_containers(), SETTINGS)
+    injected = pod_injection.inject(three_containers(), SETTINGS)
     assert all(traced(injected).values())
     changed = copy.deepcopy(injected)
     changed["metadata"]["annotations"] = {EXCLUDE: "istio-proxy"}
-    out = mutation.inject(changed, SETTINGS)
+    out = pod_injection.inject(changed, SETTINGS)
     assert traced(out) == {"app": True, "istio-proxy": False, "fluent-bit": True}
     sidecar = template_of(out)["spec"]["containers"][1]
     assert sidecar["env"] == [{"name": "KEEP", "value": "istio-proxy"}]
@@ -69,10 +69,10 @@ def test_excluding_a_traced_container_later_removes_our_env_from_it_only() -> No
 
 
 def test_every_container_left_out_means_nothing_of_ours_in_the_pod() -> None:
-    injected = mutation.inject(three_containers(), SETTINGS)
+    injected = pod_injection.inject(three_containers(), SETTINGS)
     injected["metadata"]["annotations"] = {EXCLUDE: "app,istio-proxy,fluent-bit"}
-    out = mutation.inject(injected, SETTINGS)
-    assert mutation.remove(out) == out  # nothing left to remove
+    out = pod_injection.inject(injected, SETTINGS)
+    assert pod_injection.remove(out) == out  # nothing left to remove
     assert constants.LABEL_AUTO_TRACE not in out["metadata"]["labels"]
 
 

@@ -13,7 +13,7 @@ from api import constants
 from controller.lumigo import skipped
 from webhook import storage
 from webhook.admission.review import AdmissionResponse
-from webhook.mutation import InjectionSettings, inject, remove
+from webhook.pod_injection import InjectionSettings, inject, remove
 
 from .test_webhook_inject_handler import World, count, patched_object
 from .webhook_samples import simple_template, template_of, workload

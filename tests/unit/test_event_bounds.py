@@ -12,10 +12,10 @@ from prometheus_client import REGISTRY
 from controller.runtime import events as recorder_events
 from controller.runtime.events import EventRecorder, PendingEvent
 from controller.runtime.kube import KubeClient
-from webhook import events
+from webhook import injection_events
 from webhook.admission.review import parse_review
 from webhook.inject_handler import InjectHandler
-from webhook.mutation import InjectionSettings
+from webhook.pod_injection import InjectionSettings
 
 from .webhook_samples import RecordingRecorder, StaticLister, review_body, simple_template, workload
 
@@ -35,18 +35,23 @@ def dropped(why: str) -> float:
 
 
 def test_a_quoted_value_loses_its_control_characters_and_is_capped() -> None:
-    assert events.bounded("web\n\x1b[31mapp\u202e\u2028x\x00") == "web  [31mapp  x "
-    assert events.bounded("short") == "short"
-    long = events.bounded("é" * 10_000)
-    assert len(long) == events.MAX_QUOTED
+    assert injection_events.bounded("web\n\x1b[31mapp\u202e\u2028x\x00") == "web  [31mapp  x "
+    assert injection_events.bounded("short") == "short"
+    long = injection_events.bounded("é" * 10_000)
+    assert len(long) == injection_events.MAX_QUOTED
     assert long.endswith("…")
-    assert events.bounded("a" * events.MAX_QUOTED) == "a" * events.MAX_QUOTED
+    assert (
+        injection_events.bounded("a" * injection_events.MAX_QUOTED)
+        == "a" * injection_events.MAX_QUOTED
+    )
 
 
 def test_messages_bound_every_value_a_user_controls() -> None:
     name = "x" * 100_000 + "\nLumigoRemovedInstrumentation"
-    trigger = events.webhook_trigger("ns\r\n", name, cannot_add=True)
-    text = events.message("add", trigger, "bad label " + "y" * 100_000 + "\x1b]0;owned\x07")
+    trigger = injection_events.webhook_trigger("ns\r\n", name, cannot_add=True)
+    text = injection_events.message(
+        "add", trigger, "bad label " + "y" * 100_000 + "\x1b]0;owned\x07"
+    )
     assert not has_controls(text)
     assert len(text.encode()) <= recorder_events.MAX_MESSAGE
     assert "LumigoRemovedInstrumentation" not in text

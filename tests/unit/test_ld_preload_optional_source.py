@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from api import constants
-from webhook.mutation import CHAINED_LD_PRELOAD, InjectionSettings, inject, remove
+from webhook.pod_injection import CHAINED_LD_PRELOAD, InjectionSettings, inject, remove
 
 from .webhook_samples import simple_template, template_of, workload
 

@@ -22,7 +22,7 @@ from controller.lumigo.status import (
     was_ever_activated,
 )
 from controller.runtime.informer import metadata_projection
-from webhook.mutation import InjectionSettings, inject, remove
+from webhook.pod_injection import InjectionSettings, inject, remove
 
 from .webhook_samples import simple_template, workload
 

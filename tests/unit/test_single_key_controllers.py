@@ -19,7 +19,7 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Result
 from controller.runtime.singlekey import KEY
 from controller.telemetry.config import ProxySettings
-from controller.telemetry.reconciler import ProxyTarget, TelemetryProxyReconciler
+from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from localcluster import wait_until
 from webhook.admission import certs
 from webhook.admission.cert_manager import CertWriter, ManagedCert

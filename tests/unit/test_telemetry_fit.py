@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
-from controller.telemetry.reconciler import MAX_CONFIG_BYTES, ConfigTooLargeError, fit
+from controller.telemetry.proxy_reconciler import MAX_CONFIG_BYTES, ConfigTooLargeError, fit
 
 SETTINGS = ProxySettings()
 

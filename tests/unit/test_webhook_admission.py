@@ -20,8 +20,8 @@ from webhook.admission.review import (
     parse_review,
 )
 from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
 
 from .webhook_samples import (
     RecordingRecorder,

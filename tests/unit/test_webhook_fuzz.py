@@ -20,8 +20,8 @@ from tests.unit.webhook_samples import RecordingRecorder, StaticLister, lumigo
 from webhook.admission.routing import Route
 from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
-from webhook.mutate_handler import MutateHandler
-from webhook.mutation import InjectionSettings
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
 from webhook.routes import admission_routes
 
 TOTAL = 10_000

@@ -15,7 +15,7 @@ from api.effective import governing
 from webhook.admission.jsonpatch import apply
 from webhook.admission.review import AdmissionResponse, BadRequest, parse_review
 from webhook.inject_handler import InjectHandler, settings_from_labels
-from webhook.mutation import InjectionSettings
+from webhook.pod_injection import InjectionSettings
 
 from .webhook_samples import (
     RecordingRecorder,

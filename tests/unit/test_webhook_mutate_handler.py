@@ -11,7 +11,7 @@ import pytest
 from api.lumigo import dump_spec, load_spec
 from webhook.admission.jsonpatch import apply
 from webhook.admission.review import AdmissionResponse, parse_review
-from webhook.mutate_handler import MutateHandler
+from webhook.lumigo_defaulter import MutateHandler
 
 from .webhook_samples import StaticLister, lumigo, review_body
 

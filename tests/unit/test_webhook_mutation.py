@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 import api
 from api import constants
 from api.lumigo import load_spec
-from webhook import mutation
+from webhook import pod_injection
 from webhook.admission.jsonpatch import apply, diff, equal
-from webhook.mutation import (
+from webhook.pod_injection import (
     CHAINED_LD_PRELOAD,
     InitContainerResources,
     InjectionSettings,
@@ -130,13 +130,13 @@ def test_the_settings_flags_and_token_reference_reach_the_env() -> None:
 def test_the_pod_template_of_each_kind_is_instrumented(kind: str) -> None:
     out = inject(workload(kind, simple_template()), SETTINGS)
     assert template_of(out)["spec"]["initContainers"][0]["name"] == "lumigo-injector"
-    assert mutation.pod_template_path(kind) == ("spec", "template")
+    assert pod_injection.pod_template_path(kind) == ("spec", "template")
 
 
 def test_cronjobs_are_instrumented_in_their_job_template() -> None:
     obj = workload("CronJob", simple_template())
     out = inject(obj, SETTINGS)
-    assert mutation.pod_template_path("CronJob") == ("spec", "jobTemplate", "spec", "template")
+    assert pod_injection.pod_template_path("CronJob") == ("spec", "jobTemplate", "spec", "template")
     template = out["spec"]["jobTemplate"]["spec"]["template"]
     assert template["spec"]["initContainers"][0]["name"] == "lumigo-injector"
     assert template["metadata"]["labels"][constants.LABEL_AUTO_TRACE] == LABEL
@@ -149,14 +149,14 @@ def test_replicasets_owned_by_a_deployment_are_left_to_their_deployment() -> Non
     obj["metadata"]["ownerReferences"] = [
         {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u", "controller": True}
     ]
-    assert mutation.is_deployment_owned(obj)
-    assert mutation.skip_reason(obj) == "deployment-owned"
+    assert pod_injection.is_deployment_owned(obj)
+    assert pod_injection.skip_reason(obj) == "deployment-owned"
     assert inject(obj, SETTINGS) == obj
     owned_injected = inject(workload("ReplicaSet", simple_template()), SETTINGS)
     owned_injected["metadata"]["ownerReferences"] = obj["metadata"]["ownerReferences"]
     assert remove(owned_injected) == owned_injected  # the reference skips them both ways
     standalone = workload("ReplicaSet", simple_template())
-    assert not mutation.is_deployment_owned(standalone)
+    assert not pod_injection.is_deployment_owned(standalone)
     assert inject(standalone, SETTINGS) != standalone
 
 
@@ -242,16 +242,16 @@ def test_opting_out_is_refused_case_insensitively() -> None:
         OptedOutError, match=_re("the resource has the 'lumigo.auto-trace' label set to 'false'")
     ):
         inject(obj, SETTINGS)
-    assert mutation.is_opted_out(obj)
+    assert pod_injection.is_opted_out(obj)
 
 
 def test_removal_strips_everything_and_the_label() -> None:
     obj = workload("DaemonSet", realistic_template())
     injected = inject(obj, SETTINGS)
-    assert mutation.is_instrumented(injected)
+    assert pod_injection.is_instrumented(injected)
     cleaned = remove(injected)
     assert cleaned == obj
-    assert not mutation.is_instrumented(cleaned)
+    assert not pod_injection.is_instrumented(cleaned)
     assert remove(obj) == obj
 
 
@@ -260,11 +260,11 @@ def test_removal_keeps_the_users_opt_out_label() -> None:
     obj = workload("Deployment", realistic_template())
     injected = inject(obj, SETTINGS)
     injected["metadata"]["labels"][constants.LABEL_AUTO_TRACE] = "False"
-    assert mutation.is_instrumented(injected)
+    assert pod_injection.is_instrumented(injected)
     cleaned = remove(injected)
     assert cleaned == {**obj, "metadata": injected["metadata"]}
-    assert mutation.is_opted_out(cleaned)
-    assert not mutation.is_instrumented(cleaned)
+    assert pod_injection.is_opted_out(cleaned)
+    assert not pod_injection.is_instrumented(cleaned)
 
 
 def test_removal_of_a_reference_injected_workload() -> None:
@@ -386,8 +386,8 @@ def test_fix_a_user_changing_ld_preload_after_injection_is_respected() -> None:
 
 
 def test_fix_daemonsets_are_supported() -> None:
-    assert "DaemonSet" in mutation.SUPPORTED_KINDS
-    assert mutation.SUPPORTED_KINDS["DaemonSet"] == "apps/v1"
+    assert "DaemonSet" in pod_injection.SUPPORTED_KINDS
+    assert pod_injection.SUPPORTED_KINDS["DaemonSet"] == "apps/v1"
 
 
 def test_fix_the_version_label_is_never_truncated() -> None:
@@ -432,7 +432,7 @@ def test_fix_pod_level_resources_leave_the_init_container_unconstrained() -> Non
 
 def test_fix_windows_pods_are_left_alone() -> None:
     obj = workload("Deployment", simple_template(os={"name": "windows"}))
-    assert mutation.skip_reason(obj) == "windows-pod"
+    assert pod_injection.skip_reason(obj) == "windows-pod"
     assert inject(obj, SETTINGS) == obj
 
 
@@ -588,7 +588,7 @@ def test_every_regular_container_ends_up_with_the_seven_variables(
 ) -> None:
     settings_ = InjectionSettings(enable_traces=traces, enable_logs=logs)
     out = inject(obj, settings_)
-    if mutation.skip_reason(obj) is not None:
+    if pod_injection.skip_reason(obj) is not None:
         assert out == obj
         return
     for container in template_of(out)["spec"]["containers"]:

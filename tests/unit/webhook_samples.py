@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from api import constants
-from webhook.mutation import CHAINED_LD_PRELOAD
+from webhook.pod_injection import CHAINED_LD_PRELOAD
 
 JSON = dict[str, Any]
 
