@@ -44,6 +44,18 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+_GO_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+def parse_collector_duration(text: str) -> str:
+    """A duration the collector reads (Go's syntax: 15s, 1h, 1h30m), kept as written."""
+    if not _GO_DURATION.match(text.strip()):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: expected a collector duration such as 15s, 10m or 1h"
+        )
+    return text.strip()
+
+
 def parse_bool(text: str) -> bool:
     """'true'/'false' (and 1/0, yes/no, on/off), as Go's flag package reads a bool."""
     value = text.strip().lower()

@@ -25,6 +25,7 @@ from controller.admission import (
     lumigo_informer,
     managed_cert,
 )
+from controller.flag_table import pick
 from controller.lumigo import rollouts
 from controller.lumigo.health import Thresholds
 from controller.lumigo.injection_mode import InjectionModePublisher
@@ -77,19 +78,8 @@ def _labels_changed(old: JSON | None, new: JSON) -> bool:
 
 
 def build(client: KubeClient, opts: RunOptions) -> Manager:
-    manager = Manager(
-        client,
-        ManagerOptions(
-            namespace=opts.namespace,
-            leader_election=opts.leader_elect,
-            leader_election_id=opts.leader_election_id,
-            health_probe_bind_address=opts.health_probe_bind_address,
-            metrics_bind_address=opts.metrics_bind_address,
-            metrics_secure=opts.metrics_secure,
-            metrics_cert_dir=opts.metrics_cert_dir,
-            shutdown_delay=opts.shutdown_delay,
-        ),
-    )
+    # The manager's namespace, probes, metrics, shutdown delay and lease id: same-named options.
+    manager = Manager(client, pick(ManagerOptions, opts, leader_election=opts.leader_elect))
     lumigoes = lumigo_informer(manager)
     workloads = {
         r.kind: manager.informer(

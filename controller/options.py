@@ -22,6 +22,7 @@ from controller.flag_table import (
     from_args,
     option,
     parse_bool,
+    parse_collector_duration,
     parse_name_list,
     parse_names,
 )
@@ -304,6 +305,7 @@ class RunOptions:
         PROXY,
         "how often the proxy sends each monitored namespace's Lumigo spec and status (a "
         "collector duration: 1h, 10m, 30s)",
+        parse=parse_collector_duration,
     )
     cluster_name: str = option("", PROXY, env="KUBERNETES_CLUSTER_NAME")
     deployment_method: str = option("Helm", PROXY, env="LUMIGO_DEPLOYMENT_METHOD")
@@ -375,7 +377,10 @@ class RunOptions:
         env="LUMIGO_CLUSTER_METRICS",
     )
     cluster_metrics_frequency: str = option(
-        DEFAULT_FREQUENCY, AGENT, "how often the kubelets are scraped (a collector duration)"
+        DEFAULT_FREQUENCY,
+        AGENT,
+        "how often the kubelets are scraped (a collector duration)",
+        parse=parse_collector_duration,
     )
     cluster_metrics_essential_only: bool = option(
         False,

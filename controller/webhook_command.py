@@ -21,6 +21,7 @@ import logging
 
 from api import constants
 from controller.admission import add_admission, add_injection_mode
+from controller.flag_table import pick
 from controller.operator import start
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
@@ -41,18 +42,7 @@ def check_options(opts: RunOptions) -> None:
 
 def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
     check_options(opts)
-    manager = Manager(
-        client,
-        ManagerOptions(
-            namespace=opts.namespace,
-            leader_election=False,
-            health_probe_bind_address=opts.health_probe_bind_address,
-            metrics_bind_address=opts.metrics_bind_address,
-            metrics_secure=opts.metrics_secure,
-            metrics_cert_dir=opts.metrics_cert_dir,
-            shutdown_delay=opts.shutdown_delay,
-        ),
-    )
+    manager = Manager(client, pick(ManagerOptions, opts, leader_election=False))
     recorder = EventRecorder(client)  # no workload cache: an object is found with a GET
     manager.add_runnable(
         Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)

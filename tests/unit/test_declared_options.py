@@ -1,0 +1,281 @@
+"""Every flag and env var the install artifacts pass to `lumigo-operator` is a declared option.
+
+The options of each command are declared once (controller/options.py, controller/flag_table.py).
+The Helm chart (rendered by bin/helm with its default values and a few value sets), the kustomize
+manifests in config/ and the committed OLM bundle's CSV must pass only flags and environment
+variables that exist in those tables, with values that parse as the declared type; where they
+pass a duration without the user asking for one, it is the table's default, so that a default
+such as 15s is written in the table and only checked elsewhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.flag_table import Option, declared, parse_collector_duration
+from controller.options import (
+    ENVIRONMENT_ONLY,
+    QuickstartOptions,
+    RunOptions,
+    UninstallOptions,
+    WaitOptions,
+    WatchdogOptions,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "lumigo-operator"
+HELM = ROOT / "bin" / "helm"
+CSV = ROOT / "bundle" / "manifests" / "lumigo-operator.clusterserviceversion.yaml"
+OPERATOR_IMAGE = "quay.io/lumigo/lumigo-operator:"
+COMMANDS: dict[str, type[Any]] = {
+    "run": RunOptions,
+    "webhook": RunOptions,
+    "watchdog": WatchdogOptions,
+    "uninstall": UninstallOptions,
+    "wait-for-webhook": WaitOptions,
+    "quickstart": QuickstartOptions,
+}
+# Chart values beyond the defaults: every optional flag of the templates is rendered by one.
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "everything-on": {
+        "debug": {"enabled": True},
+        "cluster": {"name": "prod-eu-1"},
+        "clusterCollection": {
+            "logs": {
+                "enabled": True,
+                "include": [{"namespacePattern": "app-*"}],
+                "exclude": [{"podPattern": "noisy-*"}],
+            },
+            "metrics": {"enabled": True, "essentialOnly": False, "frequency": "30s"},
+        },
+        "telemetryProxy": {"redaction": {"envValues": True, "annotations": ["secret\\..*"]}},
+        "monitoredNamespaces": [{"namespace": "my-app", "tracingEnabled": True}],
+        "lumigoToken": {"value": "t_0123456789abcdef0123"},
+        "safeRollouts": {"revert": False, "revertWindow": "20m", "rolloutTimeout": "1h"},
+        "injectorWebhook": {"workers": 2, "lumigoInjector": {"mode": "init-container"}},
+        "metrics": {"secure": False},
+    },
+    "all-off": {
+        "watchdog": {"enabled": False},
+        "clusterCollection": {"metrics": {"enabled": False}},
+        "kubeStateMetrics": {"install": False, "selector": "app=ksm"},
+        "telemetryProxy": {"enricher": False},
+        "uninstallHook": {"enabled": False},
+    },
+}
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One container that runs `lumigo-operator`: where it comes from and what it passes."""
+
+    source: str
+    command: str
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str | None], ...]  # (name, literal value or None for valueFrom)
+
+
+def _pod_specs(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    spec = doc.get("spec") or {}
+    if doc.get("kind") == "ClusterServiceVersion":
+        for deployment in (spec.get("install") or {}).get("spec", {}).get("deployments", []):
+            yield deployment["spec"]["template"]["spec"]
+    elif doc.get("kind") == "CronJob":
+        yield spec["jobTemplate"]["spec"]["template"]["spec"]
+    elif "template" in spec:
+        yield spec["template"]["spec"]
+
+
+def invocations(source: str, docs: list[dict[str, Any]]) -> list[Invocation]:
+    found = []
+    for doc in docs:
+        for pod in _pod_specs(doc):
+            for container in [*pod.get("initContainers", []), *pod["containers"]]:
+                if not container["image"].startswith(OPERATOR_IMAGE):
+                    continue
+                command = container.get("command") or ["lumigo-operator", "run"]  # ENTRYPOINT
+                assert command[0] == "lumigo-operator", (source, command)
+                env = tuple((e["name"], e.get("value")) for e in container.get("env", []))
+                where = f"{source}: {doc['kind']} {doc['metadata']['name']}/{container['name']}"
+                found.append(
+                    Invocation(where, command[1], (*command[2:], *container.get("args", [])), env)
+                )
+    return found
+
+
+def render(values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    out = subprocess.run(
+        [
+            str(HELM),
+            "template",
+            "lumigo",
+            str(CHART),
+            "--namespace",
+            "lumigo-system",
+            "--values",
+            str(values_file),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"HOME": str(tmp_path)},
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def kustomize_docs() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted((ROOT / "config").rglob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    return docs
+
+
+def problems(call: Invocation, *, defaults: bool) -> list[str]:
+    """What `call` passes that is not a declared option of its command, or not of its type;
+    with `defaults`, also each duration that is not the table's default."""
+    options = {opt.flag: opt for opt in declared(COMMANDS[call.command])}
+    found = []
+    for arg in call.args:
+        name, has_value, text = arg.partition("=")
+        negated = "--no-" + name.removeprefix("--no-") == name and name not in options
+        opt = options.get("--" + name.removeprefix("--no-") if negated else name)
+        if opt is None or not name.startswith("--"):
+            found.append(f"{call.source}: {arg!r} is no option of `{call.command}`")
+            continue
+        if opt.is_switch or (opt.optional_value and not has_value):
+            if has_value:
+                found.append(f"{call.source}: {arg!r}: {opt.flag} is a switch, it takes no value")
+            continue
+        if negated or not has_value:
+            found.append(f"{call.source}: {arg!r}: {opt.flag} takes a value (--flag=value)")
+            continue
+        found += _value_problems(call, opt, text, defaults=defaults)
+    envs = {opt.env: opt for opt in declared(COMMANDS[call.command]) if opt.env}
+    for name, value in call.env:
+        if name in ENVIRONMENT_ONLY:
+            continue
+        if name not in envs:
+            found.append(f"{call.source}: env {name} is read by no option of `{call.command}`")
+        elif value is not None and not envs[name].is_switch:
+            found += _value_problems(call, envs[name], value, defaults=False)
+    return found
+
+
+def _value_problems(call: Invocation, opt: Option, text: str, *, defaults: bool) -> list[str]:
+    try:
+        value = opt.value_of(text)
+    except (ValueError, TypeError) as err:
+        return [f"{call.source}: {opt.flag}={text!r} does not parse: {err}"]
+    duration = isinstance(opt.default, float) or opt.parse is parse_collector_duration
+    if defaults and duration and value != opt.default:
+        return [
+            f"{call.source}: {opt.flag}={text} repeats a default other than the table's "
+            f"{opt.default}"
+        ]
+    return []
+
+
+# What an artifact passes on purpose instead of the table's default: (command, flag) -> why.
+CHOSEN = {
+    ("quickstart", "--timeout"): "the quick-start hook waits longer for a fresh install's webhook",
+}
+
+
+def _checked(calls: list[Invocation], *, defaults: bool) -> list[str]:
+    found = []
+    for call in calls:
+        found += [
+            p
+            for p in problems(call, defaults=defaults)
+            if not any(f"{flag}=" in p and call.command == cmd for cmd, flag in CHOSEN)
+            or "does not parse" in p
+        ]
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_the_chart_passes_only_declared_options(name: str, tmp_path: Path) -> None:
+    calls = invocations(f"chart[{name}]", render(VALUE_SETS[name], tmp_path))
+    assert {c.command for c in calls} >= {"run", "webhook"}
+    assert _checked(calls, defaults=name == "defaults") == []
+
+
+def test_the_chart_renders_every_command_it_runs(tmp_path: Path) -> None:
+    calls = invocations("chart", render(VALUE_SETS["everything-on"], tmp_path))
+    commands = {c.command for c in calls}
+    assert commands == {"run", "webhook", "watchdog", "uninstall", "quickstart"}
+
+
+def test_kustomize_manifests_pass_only_declared_options() -> None:
+    calls = invocations("config", kustomize_docs())
+    assert {c.command for c in calls} == {"run", "webhook", "watchdog"}
+    assert _checked(calls, defaults=True) == []
+
+
+def test_the_bundle_csv_passes_only_declared_options() -> None:
+    docs = [d for d in yaml.safe_load_all(CSV.read_text()) if d]
+    calls = invocations("bundle", docs)
+    assert {c.command for c in calls} == {"run", "webhook", "watchdog"}
+    assert _checked(calls, defaults=True) == []
+
+
+def test_the_check_finds_a_misspelt_flag_a_bad_value_and_an_unread_env_var() -> None:
+    """The check bites: one broken flag name, value, repeated default and env var each."""
+    call = Invocation(
+        "sample",
+        "run",
+        (
+            "--leader-elect",
+            "--metrics-secure",
+            "--no-revert",
+            "--revert-window=10m",
+            "--cluster-metric-frequency=15s",
+            "--revert-restarts=three",
+            "--cluster-logs=true",
+            "--rollout-timeout=20m",
+        ),
+        (("POD_NAMESPACE", None), ("LUMIGO_INJECTION_MODE", "sideways"), ("LUMIGO_LOGLEVEL", "x")),
+    )
+    found = problems(call, defaults=True)
+    assert len(found) == 6, found
+    assert "'--cluster-metric-frequency=15s' is no option of `run`" in found[0]
+    assert "--revert-restarts='three' does not parse" in found[1]
+    assert "--cluster-logs is a switch" in found[2]
+    assert "--rollout-timeout=20m repeats a default other than the table's 600.0" in found[3]
+    assert "--injection-mode='sideways' does not parse" in found[4]
+    assert "env LUMIGO_LOGLEVEL is read by no option" in found[5]
+    bad_mode = Invocation("sample", "run", (), (("LUMIGO_INJECTION_MODE", "sideways"),))
+    assert "does not parse" in problems(bad_mode, defaults=False)[0]
+
+
+def test_every_option_is_declared_once_per_command() -> None:
+    for cls in set(COMMANDS.values()):
+        flags = [opt.flag for opt in declared(cls)]
+        assert len(flags) == len(set(flags)), cls
+        envs = [opt.env for opt in declared(cls) if opt.env]
+        assert len(envs) == len(set(envs)), cls
+        for opt in declared(cls):
+            if not opt.is_switch and opt.default is not None and not opt.required:
+                # A declared default is what its own flag would give.
+                assert opt.value_of(_text(opt.default)) == opt.default, opt.flag
+
+
+def _text(value: object) -> str:
+    if value == -1:  # --webhook-workers' auto
+        return "auto"
+    if isinstance(value, float):
+        return f"{value}s"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) if all(isinstance(v, str) for v in value) else "[]"
+    return str(value)
