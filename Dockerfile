@@ -14,6 +14,7 @@ WORKDIR /src
 COPY requirements-runtime.lock ./
 RUN /opt/lumigo-operator/bin/pip install --require-hashes --no-deps -r requirements-runtime.lock
 COPY pyproject.toml README.md ./
+COPY kube/ kube/
 COPY api/ api/
 COPY webhook/ webhook/
 COPY controller/ controller/

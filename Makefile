@@ -50,7 +50,7 @@ docker-build: ## Build the operator image (needs docker; the autotrace image: in
 lint: venv ## ruff (lint + format check), mypy --strict, import-linter (the layering, pyproject.toml)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict api webhook controller
+	$(VENV)/bin/mypy --strict kube api webhook controller
 	$(VENV)/bin/lint-imports
 
 .PHONY: fmt

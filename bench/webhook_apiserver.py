@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
 import webhook_servers  # noqa: E402
+from localcluster import LocalCluster, wait_until  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 
 from api import constants  # noqa: E402
@@ -48,7 +49,9 @@ from controller.runtime.events import AdmissionEvents, EventRecorder  # noqa: E4
 from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
 from controller.runtime.resources import DEPLOYMENTS, SECRETS  # noqa: E402
-from localcluster import LocalCluster, wait_until  # noqa: E402
+from kube import certs  # noqa: E402
+from kube.http.server import AdmissionServer, ServerOptions  # noqa: E402
+from kube.http.tls import ServingTLS  # noqa: E402
 from tests.conftest import CRD_FILE  # noqa: E402
 from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
     InformerLister,
@@ -63,9 +66,6 @@ from tests.support.webhook_cluster import (  # noqa: E402
     policy,
     registered,
 )
-from webhook.admission import certs  # noqa: E402
-from webhook.admission.server import AdmissionServer, ServerOptions  # noqa: E402
-from webhook.admission.tls import ServingTLS  # noqa: E402
 from webhook.inject_handler import InjectHandler  # noqa: E402
 from webhook.lumigo_defaulter import MutateHandler  # noqa: E402
 from webhook.pod_injection import InjectionSettings  # noqa: E402

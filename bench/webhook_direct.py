@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
 from localcluster import wait_until  # noqa: E402
+
 from tests.support import reviews  # noqa: E402
 
 PATH = "/v1alpha1/inject"
@@ -69,9 +70,9 @@ def routes() -> tuple[str, dict[str, Any]]:
 
 def serve(directory: Path) -> None:
     """Child process: generate a certificate, serve until SIGTERM."""
-    from webhook.admission import certs
-    from webhook.admission.server import AdmissionServer, ServerOptions
-    from webhook.admission.tls import ServingTLS
+    from kube import certs
+    from kube.http.server import AdmissionServer, ServerOptions
+    from kube.http.tls import ServingTLS
 
     policy = certs.CertPolicy("bench", "bench", extra_ip_addresses=("127.0.0.1",))
     state = certs.bootstrap(policy, dt.datetime.now(dt.UTC))

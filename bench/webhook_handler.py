@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from webhook import admission_review as admission
 from webhook import pod_injection
-from webhook.admission import review as admission
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler
 from webhook.pod_injection import InjectionSettings

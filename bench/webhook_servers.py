@@ -8,7 +8,7 @@ bench/webhook_direct.py: --rate admissions/s on one keep-alive connection (open 
 saturation over --connections keep-alive connections. Idle RSS of the server's processes is read
 before the load.
 
-Candidates: ours (webhook/admission/server.py, asyncio + worker threads), uvicorn (httptools,
+Candidates: ours (kube/http/server.py, asyncio + worker threads), uvicorn (httptools,
 uvloop; 1 and 2 worker processes), hypercorn (h11, asyncio) and cheroot (WSGI, a thread pool).
 The libraries come from PyPI, pinned below, installed once into the tool cache (never into the
 project's venv: the product does not depend on them).
@@ -50,8 +50,8 @@ BENCH = ROOT / "bench"
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(BENCH)]
 
 import webhook_direct  # noqa: E402
-
 from localcluster import free_port, wait_until  # noqa: E402
+
 from tests.support import reviews  # noqa: E402
 
 PINS = (
@@ -184,7 +184,7 @@ def wsgi_app(environ: dict[str, Any], start_response: StartResponse) -> Iterable
 
 def certificates(directory: Path) -> tuple[Path, Path]:
     """A serving pair made by the operator's own certificate code; the CA goes to ca.pem."""
-    from webhook.admission import certs
+    from kube import certs
 
     policy = certs.CertPolicy("bench", "bench", extra_ip_addresses=("127.0.0.1",))
     state = certs.bootstrap(policy, dt.datetime.now(dt.UTC))

@@ -21,7 +21,7 @@ bench/results/webhook_slow_clients.json.
 
 Last, for each --workers count: that many server processes on one socket (as the admission
 workers of a pod) under --big concurrent maximum-size requests, their summed PSS at rest and at
-the peak, with the large-body slots of `webhook.admission.memory` shared and without.
+the peak, with the large-body slots of `kube.http.memory` shared and without.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
 from webhook_direct import machine, offered_load, percentile  # noqa: E402
 
+from kube.http.server import ServerOptions  # noqa: E402
 from tests.support import reviews  # noqa: E402
 from tests.support.webhook_server import (  # noqa: E402
     Trickler,
@@ -56,7 +57,6 @@ from tests.support.webhook_server import (  # noqa: E402
     server_process,
     server_processes,
 )
-from webhook.admission.server import ServerOptions  # noqa: E402
 
 PATH = "/v1alpha1/inject"
 RESULTS = ROOT / "bench" / "results" / "webhook_slow_clients.json"

@@ -34,16 +34,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
+from localcluster import LocalCluster, wait_until  # noqa: E402
+from localoperator import OperatorProcess  # noqa: E402
 from webhook_busy_controller import CRD, webhook_ca  # noqa: E402
 from webhook_direct import machine  # noqa: E402
 
 from controller.runtime.kube import KubeClient  # noqa: E402
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from localoperator import OperatorProcess  # noqa: E402
+from kube.http import memory  # noqa: E402
 from tests.support.checks import TOKEN, is_active, lumigo_yaml  # noqa: E402
 from tests.support.lumigo import create_token_secret  # noqa: E402
 from tests.support.webhook_server import max_size_flood  # noqa: E402
-from webhook.admission import memory  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "webhook_worker_memory.json"
 MiB = 1024 * 1024

@@ -32,12 +32,12 @@ from controller.runtime.resources import (
     SECRETS,
     Resource,
 )
+from kube.cert_manager import FileCerts, ManagedCert, SelfSignedCerts
+from kube.certs import CertPolicy
+from kube.http.readiness import NotReady
+from kube.http.server import AdmissionServer, ServerOptions
+from kube.http.tls import ServingTLS
 from webhook import injection_events
-from webhook.admission.cert_manager import FileCerts, ManagedCert, SelfSignedCerts
-from webhook.admission.certs import CertPolicy
-from webhook.admission.readiness import NotReady
-from webhook.admission.server import AdmissionServer, ServerOptions
-from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler
 from webhook.pod_injection import InjectionSettings

@@ -47,11 +47,11 @@ from prometheus_client.registry import Collector
 from controller.options import RunOptions
 from controller.runtime import events
 from controller.runtime.process_metrics import ChildMetrics
-from webhook.admission import memory
-from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
-from webhook.admission.readiness import NotReady
-from webhook.admission.review import MAX_BODY_BYTES
-from webhook.admission.server import ServerOptions, bind
+from kube.http import memory
+from kube.http.messages import MAX_BODY_BYTES
+from kube.http.readiness import NotReady
+from kube.http.server import ServerOptions, bind
+from kube.http.server_metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
 from webhook.inject_handler import INJECTIONS_TOTAL
 
 log = logging.getLogger("lumigo.webhook.workers")
@@ -73,7 +73,7 @@ _STABLE_AFTER = 60.0  # a worker up this long starts the next restart's backoff 
 
 def default_worker_count() -> int:
     """The container's CPU limit, rounded up (cgroup v2 or v1), within the CPUs we may run on,
-    and no more workers than its memory limit holds (`webhook.admission.memory`)."""
+    and no more workers than its memory limit holds (`kube.http.memory`)."""
     cpus = len(os.sched_getaffinity(0))
     limit = _cgroup_cpu_limit()
     wanted = max(1, min(cpus, math.ceil(limit))) if limit else max(1, cpus)

@@ -48,8 +48,8 @@ from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.provider_id import add_node_provider_ids
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import Redaction
+from kube.cert_manager import CertWriter
 from webhook import injection_events
-from webhook.admission.cert_manager import CertWriter
 from webhook.pod_injection import InjectionSettings
 
 log = logging.getLogger("lumigo.operator")

@@ -176,7 +176,7 @@ class RunOptions:
         env="LUMIGO_WEBHOOK_WORKERS",
         parse=parse_webhook_workers,
     )
-    # Not flags: what the workers' supervisor gives each worker (webhook.admission.memory).
+    # Not flags: what the workers' supervisor gives each worker (kube.http.memory).
     webhook_body_budget: int = 32 * 1024 * 1024
     webhook_large_body_slots: str = ""
     serve_webhooks: bool = option(
@@ -471,7 +471,7 @@ class WatchdogOptions:
 ENVIRONMENT_ONLY = {
     "POD_NAME": "watchdog: its own pod (controller.telemetry.watchdog_cli)",
     "LUMIGO_MEMORY_LIMIT": "admission workers: the container's memory limit in bytes "
-    "(webhook.admission.memory)",
+    "(kube.http.memory)",
 }
 
 

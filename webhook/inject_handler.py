@@ -56,20 +56,15 @@ from prometheus_client import Counter
 from api import constants, marks
 from api.effective import governing, in_effect
 from api.lumigo import load_spec
+from kube.http.routing import BadRequest
+from kube.jsonpatch import diff
 from webhook import injection_events, pod_injection
-from webhook.admission.jsonpatch import diff
-from webhook.admission.review import (
-    AdmissionRequest,
-    AdmissionResponse,
-    BadRequest,
-    allow,
-    patched,
-)
+from webhook.admission_review import AdmissionRequest, AdmissionResponse, allow, patched
 from webhook.pod_injection import InjectionSettings, InvalidObjectError, OptedOutError
 
 log = logging.getLogger("lumigo.webhook.inject")
 
-# The handler's decisions (the other webhook series are the server's: webhook.admission.metrics).
+# The handler's decisions (the other webhook series are the server's: kube.http.server_metrics).
 #   result   injected | updated | removed | unchanged | skipped | failed
 #   reason   short machine-readable token, e.g. lumigo, label-opt-in, no-lumigo, not-active,
 #            injection-disabled, opted-out, skip-next-injector, deployment-owned, windows-pod,

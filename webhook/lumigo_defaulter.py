@@ -24,11 +24,11 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import InvalidSpecError, dump_spec, load_spec
-from webhook.admission.jsonpatch import diff
-from webhook.admission.review import (
+from kube.http.routing import BadRequest
+from kube.jsonpatch import diff
+from webhook.admission_review import (
     AdmissionRequest,
     AdmissionResponse,
-    BadRequest,
     allow,
     deny,
     errored,

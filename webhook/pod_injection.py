@@ -59,10 +59,10 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import LumigoSpec
+from kube.http.messages import quote
+from kube.jsonpatch import copy_json, equal, same
+from kube.quantity import parse_quantity, same_quantity
 from webhook import containers, storage
-from webhook.admission.jsonpatch import copy_json, equal, same
-from webhook.admission.quantity import parse_quantity, same_quantity
-from webhook.admission.review import quote
 
 JSON = dict[str, Any]
 

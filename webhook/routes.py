@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from api import constants
-from webhook.admission.review import Handler
-from webhook.admission.routing import Route, route_for
+from kube.http.routing import Route
+from webhook.admission_review import Handler, route_for
 
 
 def admission_routes(inject: Handler, mutate: Handler) -> dict[str, Route]:

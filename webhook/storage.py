@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from api import constants
-from webhook.admission.quantity import parse_quantity
+from kube.quantity import parse_quantity
 
 RESOURCE: Final = "ephemeral-storage"
 # What the copy may write: the emptyDir's sizeLimit.

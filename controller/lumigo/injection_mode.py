@@ -27,7 +27,7 @@ from controller.lumigo.nodes import node_info
 from controller.runtime.informer import FuncHandler, Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS, PODS, ApiError
-from webhook.admission.readiness import NotReady
+from kube.http.readiness import NotReady
 
 log = logging.getLogger("lumigo.injection")
 

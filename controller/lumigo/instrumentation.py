@@ -23,8 +23,8 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
 from controller.runtime.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
+from kube import jsonpatch
 from webhook import injection_events, pod_injection
-from webhook.admission import jsonpatch
 
 log = logging.getLogger("lumigo.instrumentation")
 

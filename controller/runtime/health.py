@@ -3,7 +3,7 @@
 Checks are named callables returning None when fine or raising (any exception = failing, its
 message is shown). `/healthz?verbose` and `/readyz?verbose` list every check like the API server.
 
-Served by the webhook's HTTP server (`webhook.admission.server.HTTPServer`: uvicorn): idle
+Served by the webhook's HTTP server (`kube.http.server.HTTPServer`: uvicorn): idle
 connections are closed after a while, a request must arrive within a deadline, and the number of
 open connections is capped (the longest idle closed first), so idle or slow clients can neither
 pile up threads nor keep the kubelet's probes from being answered.
@@ -11,7 +11,7 @@ pile up threads nor keep the kubelet's probes from being answered.
 Probes are plain HTTP for the kubelet. /metrics names namespaces and workloads, so by default it
 is served as controller-runtime's scaffold serves it (`SecureServing`): over TLS, and only to a
 caller whose bearer token the API server accepts (TokenReview) and who may `get` the
-non-resource URL /metrics (SubjectAccessReview): `webhook.admission.delegated_auth`. The
+non-resource URL /metrics (SubjectAccessReview): `kube.delegated_auth`. The
 certificate comes from a directory (tls.crt, tls.key; followed while serving) or, without one,
 is generated in memory at start-up, as controller-runtime does. Plain /metrics is an option for
 scrapers inside a trusted network.
@@ -29,11 +29,11 @@ from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from webhook.admission import certs
-from webhook.admission.cert_manager import FileCerts
-from webhook.admission.delegated_auth import CacheSettings, DelegatedAuth, ReviewAPI
-from webhook.admission.server import HTTPServer, Request, Response, ServerOptions
-from webhook.admission.tls import ServingTLS
+from kube import certs
+from kube.cert_manager import FileCerts
+from kube.delegated_auth import CacheSettings, DelegatedAuth, ReviewAPI
+from kube.http.server import HTTPServer, Request, Response, ServerOptions
+from kube.http.tls import ServingTLS
 
 log = logging.getLogger("lumigo.health")
 

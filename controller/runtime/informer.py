@@ -22,7 +22,7 @@ from typing import Any
 from controller.runtime.kube import KubeClient, WatchStream
 from controller.runtime.resources import ApiError, Resource
 from controller.runtime.store import ObjectKey, Store, key_of
-from webhook.admission.kubeapi import EventHandler  # one definition for watchers of both layers
+from kube.rest import EventHandler  # one definition for watchers of both layers
 
 log = logging.getLogger("lumigo.informer")
 

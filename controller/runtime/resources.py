@@ -1,14 +1,14 @@
 """Where the Kubernetes kinds the operator uses live in the REST API, and the API error type.
 
 `Resource`, `ApiError` and the kinds the certificate manager writes are defined in
-`webhook.admission.kubeapi` (the admission toolkit needs them and `webhook/` never imports
+`kube.rest` (the admission toolkit needs them and `webhook/` never imports
 `controller/`); they are re-exported here so the runtime and its users have one catalogue.
 The `Lumigo` kind is Lumigo code: `controller.lumigo.resources`.
 """
 
 from __future__ import annotations
 
-from webhook.admission.kubeapi import (
+from kube.rest import (
     MUTATING_WEBHOOK_CONFIGURATIONS,
     SECRETS,
     VALIDATING_WEBHOOK_CONFIGURATIONS,

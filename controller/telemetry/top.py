@@ -24,7 +24,7 @@ from typing import Any
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import ApiError
-from webhook.admission import quantity
+from kube import quantity
 
 log = logging.getLogger("lumigo.watchdog")
 

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from controller.runtime.kube import KubeClient
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
+
+from controller.runtime.kube import KubeClient
+from kube.jsonpatch import apply
 from tests.e2e.test_admission_workers import admit, webhook_context
 from tests.support import reviews
 from tests.support.checks import TOKEN, is_active, lumigo_yaml
 from tests.support.lumigo import create_token_secret
-from webhook.admission.jsonpatch import apply
 
 
 def injected_pod_spec(op: OperatorProcess, kube: KubeClient, cluster: LocalCluster) -> Any:

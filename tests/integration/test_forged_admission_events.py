@@ -15,13 +15,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
 
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, EVENTS
-from localcluster import LocalCluster, wait_until
 from tests.support import reviews
-from webhook.admission.review import parse_review
+from webhook.admission_review import parse_review
 from webhook.inject_handler import InjectHandler
 from webhook.pod_injection import InjectionSettings
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from localcluster import wait_until
 
 from api import constants
 from controller.lumigo.injection_mode import (
@@ -17,8 +18,7 @@ from controller.lumigo.injection_mode import (
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import CONFIGMAPS
-from localcluster import wait_until
-from webhook.admission.readiness import NotReady
+from kube.http.readiness import NotReady
 
 NAME = "lumigo-injection-mode"
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from localcluster import wait_until
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import (
@@ -30,7 +31,9 @@ from controller.runtime.resources import (
     SECRETS,
     ApiError,
 )
-from localcluster import wait_until
+from kube import certs
+from kube.http.server import AdmissionServer, ServerOptions
+from kube.http.tls import ServingTLS
 from tests.support import reviews, standin_handler, workloads
 from tests.support.webhook_cluster import (
     SECRET,
@@ -41,9 +44,6 @@ from tests.support.webhook_cluster import (
     registered,
     unique_name,
 )
-from webhook.admission import certs
-from webhook.admission.server import AdmissionServer, ServerOptions
-from webhook.admission.tls import ServingTLS
 
 INJECT = "/v1alpha1/inject"
 MARK = "/v1alpha1/mark"

@@ -10,12 +10,14 @@ import threading
 from typing import Any
 
 from cryptography import x509
+from localcluster import wait_until
 from prometheus_client import REGISTRY
 
 from controller.runtime.informer import FuncHandler, Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
-from localcluster import wait_until
+from kube import certs
+from kube.cert_manager import CertWriter, ManagedCert
 from tests.support.webhook_cluster import (
     SECRET,
     SERVING,
@@ -25,8 +27,6 @@ from tests.support.webhook_cluster import (
     registered,
     unique_name,
 )
-from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter, ManagedCert
 
 URL = "https://127.0.0.1:1/v1alpha1/inject"  # never called: these tests only look at certificates
 

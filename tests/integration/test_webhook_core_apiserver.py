@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import KubectlError, LocalCluster, wait_until
 
 from api import constants
-from localcluster import KubectlError, LocalCluster, wait_until
+from kube.jsonpatch import apply
 from webhook import pod_injection
-from webhook.admission.jsonpatch import apply
-from webhook.admission.review import AdmissionResponse, parse_review
+from webhook.admission_review import AdmissionResponse, parse_review
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler
 from webhook.pod_injection import InjectionSettings

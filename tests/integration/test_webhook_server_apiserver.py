@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from localcluster import wait_until
+from localoperator import wait_until_webhooks_admit
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
@@ -18,8 +20,10 @@ from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, EVENTS, ApiError, Resource
-from localcluster import wait_until
-from localoperator import wait_until_webhooks_admit
+from kube import certs
+from kube.http.routing import Route
+from kube.http.server import AdmissionServer, ServerOptions
+from kube.http.tls import ServingTLS
 from tests.support import standin_handler, workloads
 from tests.support.webhook_cluster import (
     CertStack,
@@ -30,10 +34,6 @@ from tests.support.webhook_cluster import (
     registered,
     unique_name,
 )
-from webhook.admission import certs
-from webhook.admission.routing import Route
-from webhook.admission.server import AdmissionServer, ServerOptions
-from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler
 from webhook.pod_injection import InjectionSettings

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from webhook.admission.routing import BadRequest
+from kube.http.routing import BadRequest
 
 INJECTED_ENV = (
     ("LD_PRELOAD", "/opt/lumigo/injector/lumigo_injector.so"),

@@ -14,16 +14,17 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from localcluster import wait_until
+
 from controller.operator import cert_writer_controller
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller
 from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
-from localcluster import wait_until
-from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter, ManagedCert, SelfSignedCerts
-from webhook.admission.readiness import NotReady
-from webhook.admission.tls import ServingTLS
+from kube import certs
+from kube.cert_manager import CertWriter, ManagedCert, SelfSignedCerts
+from kube.http.readiness import NotReady
+from kube.http.tls import ServingTLS
 
 SECRET = "lumigo-webhook-certs"
 SERVING = "lumigo-webhook-certs-serving"  # what replicas read: no CA key

@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import wait_until
+
+from kube import certs
+from kube.http import memory
+from kube.http.messages import MAX_BODY_BYTES
+from kube.http.routing import Route
+from kube.http.server import AdmissionServer, ServerOptions, bind
+from kube.http.tls import ServingTLS
 from tests.support import reviews
-from webhook.admission import certs, memory
-from webhook.admission.review import MAX_BODY_BYTES
-from webhook.admission.routing import Route
-from webhook.admission.server import AdmissionServer, ServerOptions, bind
-from webhook.admission.tls import ServingTLS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -261,7 +263,7 @@ def _serve(directory: Path) -> None:
 class ServerGroup:
     """`count` processes serving the real routes on one listening socket, as the admission
     workers of a pod do, with the body budget and the pod-wide large-body slots of
-    `webhook.admission.memory.plan` for `limit` (`shared_slots=False`: each process on its
+    `kube.http.memory.plan` for `limit` (`shared_slots=False`: each process on its
     own, as before issue 28). Memory is the sum of the processes' PSS (shared pages counted
     once, as the pod's cgroup does), sampled every 20 ms: `peak_bytes`."""
 

@@ -54,8 +54,8 @@ def final_stage(path: Path) -> list[tuple[str, str]]:
 
 def test_the_operator_context_is_what_the_dockerfile_copies() -> None:
     assert bi.copy_sources(ROOT / "Dockerfile") == [
-        "requirements-runtime.lock", "pyproject.toml", "README.md", "api/", "webhook/",
-        "controller/",
+        "requirements-runtime.lock", "pyproject.toml", "README.md", "kube/", "api/",
+        "webhook/", "controller/",
     ]  # fmt: skip
     files = bi.context_of(ROOT / "Dockerfile", ROOT)
     assert "controller/cli.py" in files

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.admission.delegated_auth import MAX_TOKEN_BYTES, _TTLCache, bearer_token
+from kube.delegated_auth import MAX_TOKEN_BYTES, _TTLCache, bearer_token
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from api import constants
 from controller.lumigo import skipped
 from webhook import storage
-from webhook.admission.review import AdmissionResponse
+from webhook.admission_review import AdmissionResponse
 from webhook.pod_injection import InjectionSettings, inject, remove
 
 from .test_webhook_inject_handler import World, count, patched_object

@@ -13,7 +13,7 @@ from controller.runtime import events as recorder_events
 from controller.runtime.events import EventRecorder, PendingEvent
 from controller.runtime.kube import KubeClient
 from webhook import injection_events
-from webhook.admission.review import parse_review
+from webhook.admission_review import parse_review
 from webhook.inject_handler import InjectHandler
 from webhook.pod_injection import InjectionSettings
 

@@ -45,7 +45,7 @@ def test_no_log_call_overwrites_a_logrecord_attribute() -> None:
     reserved = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
     root = Path(__file__).resolve().parents[2]
     offenders = []
-    for package in ("api", "webhook", "controller"):
+    for package in ("kube", "api", "webhook", "controller"):
         for path in (root / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.Call):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pykube
+from localcluster import wait_until
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
@@ -20,9 +21,8 @@ from controller.runtime.manager import Result
 from controller.runtime.singlekey import KEY
 from controller.telemetry.config import ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
-from localcluster import wait_until
-from webhook.admission import certs
-from webhook.admission.cert_manager import CertWriter, ManagedCert
+from kube import certs
+from kube.cert_manager import CertWriter, ManagedCert
 
 DEAD = "https://127.0.0.1:1"
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.admission import review as admission
-from webhook.admission.review import (
+from kube.http.routing import BadRequest
+from webhook import admission_review as admission
+from webhook.admission_review import (
     AdmissionRequest,
     AdmissionResponse,
-    BadRequest,
     GroupVersionKind,
     parse_review,
 )

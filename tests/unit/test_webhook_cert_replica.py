@@ -7,9 +7,9 @@ import base64
 import datetime as dt
 from typing import Any
 
-from webhook.admission import certs
-from webhook.admission.cert_manager import ManagedCert, SelfSignedCerts
-from webhook.admission.tls import ServingTLS
+from kube import certs
+from kube.cert_manager import ManagedCert, SelfSignedCerts
+from kube.http.tls import ServingTLS
 
 NAMESPACE = "lumigo-system"
 SECRET = "webhook-certs"

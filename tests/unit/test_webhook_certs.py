@@ -10,7 +10,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.verification import VerificationError
 
-from webhook.admission import certs
+from kube import certs
 
 T0 = dt.datetime(2031, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 S = dt.timedelta(seconds=1)

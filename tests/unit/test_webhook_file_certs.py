@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import hashes
+from localcluster import wait_until
 from prometheus_client import REGISTRY
 
-from localcluster import wait_until
+from kube.cert_manager import FileCerts
+from kube.certs import CertState
+from kube.http.readiness import NotReady
+from kube.http.tls import ServingTLS
 from tests.support import reviews, standin_handler
 from tests.support.webhook_server import (
     client_context,
@@ -20,10 +24,6 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
-from webhook.admission.cert_manager import FileCerts
-from webhook.admission.certs import CertState
-from webhook.admission.readiness import NotReady
-from webhook.admission.tls import ServingTLS
 
 PATH = "/v1alpha1/inject"
 

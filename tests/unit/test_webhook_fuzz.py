@@ -14,11 +14,11 @@ from collections.abc import Mapping
 
 from prometheus_client import REGISTRY
 
+from kube.http.routing import Route
+from kube.http.tls import ServingTLS
 from tests.support import fuzz, reviews, standin_handler
 from tests.support.webhook_server import client_context, new_pki, running
 from tests.unit.webhook_samples import RecordingRecorder, StaticLister, lumigo
-from webhook.admission.routing import Route
-from webhook.admission.tls import ServingTLS
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler
 from webhook.pod_injection import InjectionSettings

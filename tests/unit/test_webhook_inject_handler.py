@@ -12,8 +12,9 @@ from prometheus_client import REGISTRY
 
 from api import constants
 from api.effective import governing
-from webhook.admission.jsonpatch import apply
-from webhook.admission.review import AdmissionResponse, BadRequest, parse_review
+from kube.http.routing import BadRequest
+from kube.jsonpatch import apply
+from webhook.admission_review import AdmissionResponse, parse_review
 from webhook.inject_handler import InjectHandler, settings_from_labels
 from webhook.pod_injection import InjectionSettings
 

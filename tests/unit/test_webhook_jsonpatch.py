@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.admission.jsonpatch import (
+from kube.jsonpatch import (
     JsonPatchError,
     apply,
     copy_json,

@@ -5,7 +5,7 @@ took the process past the 512 Mi limit of the chart. The real routes run in a se
 their own (as in the pod); the kernel's high-water mark of its resident memory (VmHWM) is the
 figure checked. Issue 28 item 3: with two admission worker processes each handling one, the pod
 passed the limit again; the workers of a pod now share its large-body slots
-(`webhook.admission.memory`).
+(`kube.http.memory`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from kube.http import memory
 from tests.support.webhook_server import max_size_flood, server_process, server_processes
-from webhook.admission import memory
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from localcluster import wait_until
 
 from controller import admission_workers
-from localcluster import wait_until
-from webhook.admission import memory
-from webhook.admission.review import MAX_BODY_BYTES
+from kube.http import memory
+from kube.http.messages import MAX_BODY_BYTES
 
 MiB = 1024 * 1024
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def test_the_pod_wide_body_budget_is_shared_out_over_the_workers() -> None:
 HOLDER = """
 import sys, time
 from pathlib import Path
-from webhook.admission.memory import LargeBodySlots
+from kube.http.memory import LargeBodySlots
 with LargeBodySlots(Path(sys.argv[1])).hold(5) as held:
     assert held
     print("held", flush=True)

@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.runtime.health import ProbeServer
+from kube.http.tls import ServingTLS
 from tests.support import reviews
 from tests.support.webhook_server import client_context, new_pki, real_routes, running
-from webhook.admission.tls import ServingTLS
 
 INJECT = "/v1alpha1/inject"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

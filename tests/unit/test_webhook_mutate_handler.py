@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from api.lumigo import dump_spec, load_spec
-from webhook.admission.jsonpatch import apply
-from webhook.admission.review import AdmissionResponse, parse_review
+from kube.jsonpatch import apply
+from webhook.admission_review import AdmissionResponse, parse_review
 from webhook.lumigo_defaulter import MutateHandler
 
 from .webhook_samples import StaticLister, lumigo, review_body

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import api
 from api import constants
 from api.lumigo import load_spec
+from kube.jsonpatch import apply, diff, equal
 from webhook import pod_injection
-from webhook.admission.jsonpatch import apply, diff, equal
 from webhook.pod_injection import (
     CHAINED_LD_PRELOAD,
     InitContainerResources,

@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from kube.http.messages import MESSAGE_LIMIT, QUOTE_LIMIT
+from kube.http.server import AdmissionServer
+from kube.http.tls import ServingTLS
 from tests.support import reviews
 from tests.support.webhook_server import (
     client_context,
@@ -25,9 +28,6 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
-from webhook.admission.review import MESSAGE_LIMIT, QUOTE_LIMIT
-from webhook.admission.server import AdmissionServer
-from webhook.admission.tls import ServingTLS
 
 INJECT = "/v1alpha1/inject"
 LONG = "x" * 20_000

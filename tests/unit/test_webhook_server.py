@@ -11,9 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from localcluster import wait_until
 from prometheus_client import REGISTRY
 
-from localcluster import wait_until
+from kube.http.asgi import INLINE_BYTES
+from kube.http.readiness import NotReady
+from kube.http.server import AdmissionServer, ServerOptions
+from kube.http.tls import InvalidKeyPair, ServingTLS
 from tests.support import reviews, standin_handler
 from tests.support.webhook_server import (
     client_context,
@@ -25,10 +29,6 @@ from tests.support.webhook_server import (
     running,
     tls_socket,
 )
-from webhook.admission.asgi import INLINE_BYTES
-from webhook.admission.readiness import NotReady
-from webhook.admission.server import AdmissionServer, ServerOptions
-from webhook.admission.tls import InvalidKeyPair, ServingTLS
 
 PATH = "/v1alpha1/inject"
 ROUTES = {PATH: standin_handler.handle}

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from localcluster import wait_until
+
+from kube.http.server import ServerOptions
+from kube.http.tls import ServingTLS
 from tests.support import reviews, standin_handler
 from tests.support.webhook_server import (
     Trickler,
@@ -30,8 +32,6 @@ from tests.support.webhook_server import (
     tls_connections,
     tls_socket,
 )
-from webhook.admission.server import ServerOptions
-from webhook.admission.tls import ServingTLS
 
 PATH = "/v1alpha1/inject"
 ROUTES = {PATH: standin_handler.handle}

@@ -12,7 +12,7 @@ import pytest
 from controller import admission_workers
 from controller.cli import _parser
 from controller.options import run_options
-from webhook.admission.readiness import NotReady
+from kube.http.readiness import NotReady
 
 
 def parse(*args: str) -> int:

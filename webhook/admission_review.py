@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import base64
 import json
-import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, TypeVar
 
-from webhook.admission.jsonpatch import Operation
+from kube.http.messages import MAX_BODY_BYTES, quote
+from kube.http.routing import BadRequest, Route
+from kube.jsonpatch import Operation
 
 T = TypeVar("T")
 JSONObject = dict[str, Any] | None
@@ -36,34 +37,6 @@ JSONObject = dict[str, Any] | None
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 OPERATIONS: Final = ("CREATE", "UPDATE", "DELETE", "CONNECT")
-# controller-runtime's limit: the API server caps objects at 3 MiB, a review holds two of them.
-MAX_BODY_BYTES: Final = 7 * 1024 * 1024
-QUOTE_LIMIT: Final = 100  # characters of a caller's value quoted back in an error message
-MESSAGE_LIMIT: Final = 1000  # characters of a 400 message, whatever it quotes
-
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = QUOTE_LIMIT
-_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist = 2, 4, 4
-
-
-def clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
-    """`value` as repr() for an error message, at most `limit` characters + "…": a 400 must not
-    echo megabytes of the caller's input back (the API server logs and shows these messages).
-    reprlib never renders more of a value than it shows."""
-    return clip(_REPR.repr(value), limit)
-
-
-class BadRequest(Exception):
-    """The body is not a usable AdmissionReview; `message` is shown to the caller (HTTP 400).
-    Values from the request belong in it through `quote()`; the whole message is clipped too."""
-
-    def __init__(self, message: str) -> None:
-        self.message = clip(message, MESSAGE_LIMIT)
-        super().__init__(self.message)
 
 
 @dataclass(frozen=True)
@@ -140,6 +113,15 @@ class Handler(Protocol):
 def review(handler: Handler, body: bytes, content_type: str | None) -> bytes:
     """Parse, handle, serialise: the whole job of a route, minus HTTP."""
     return handler.handle(parse_review(body, content_type)).to_json()
+
+
+def route_for(handler: Handler) -> Route:
+    """Parse the review, let `handler` decide, serialize the answer (BadRequest -> HTTP 400)."""
+
+    def route(body: bytes, content_type: str) -> bytes:
+        return review(handler, body, content_type)
+
+    return route
 
 
 # --- responses -----------------------------------------------------------------------------

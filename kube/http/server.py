@@ -4,8 +4,8 @@ Why uvicorn: it is the most used, best kept asyncio HTTP server in Python (llhtt
 through httptools, uvloop), and of the servers measured for the admission routes (README,
 "Choosing the webhook's HTTP server") it serves the most requests per core, with worker
 processes sharing one port. What it leaves open for a server facing the network is closed in
-`webhook.admission.protocol` (request, idle and handshake deadlines; head caps; a connection
-cap that closes the longest-idle connection first) and `webhook.admission.asgi` (framing, body
+`kube.http.protocol` (request, idle and handshake deadlines; head caps; a connection
+cap that closes the longest-idle connection first) and `kube.http.asgi` (framing, body
 limits and memory budgets). The defaults:
 - TLS handshakes are non-blocking, each under `handshake_timeout` (3 s, below the 5 s
   `timeoutSeconds` of our webhooks); new connections use the current certificate of the
@@ -44,15 +44,21 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from webhook.admission.asgi import BodyLimits, HandlerApp
-from webhook.admission.memory import LargeBodySlots
-from webhook.admission.messages import Request, RequestHandler, Response, status_response
-from webhook.admission.metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
-from webhook.admission.protocol import BoundedProtocol, Connections
-from webhook.admission.readiness import NotReady
-from webhook.admission.review import MAX_BODY_BYTES, quote
-from webhook.admission.routing import BadRequest, Route
-from webhook.admission.tls import ServingTLS
+from kube.http.asgi import BodyLimits, HandlerApp
+from kube.http.memory import LargeBodySlots
+from kube.http.messages import (
+    MAX_BODY_BYTES,
+    Request,
+    RequestHandler,
+    Response,
+    quote,
+    status_response,
+)
+from kube.http.protocol import BoundedProtocol, Connections
+from kube.http.readiness import NotReady
+from kube.http.routing import BadRequest, Route
+from kube.http.server_metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
+from kube.http.tls import ServingTLS
 
 __all__ = [
     "AdmissionServer",

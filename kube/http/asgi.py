@@ -20,7 +20,7 @@ no client can make another wait for room:
 - Bodies being handled at once are capped by `handler_budget_bytes`, because a JSON body
   expands ~24x into Python objects (one 7 MiB review peaks at ~235 MiB in the inject handler),
   and, when the processes of a pod share `large_slots`, by those across the pod
-  (`webhook.admission.memory`).
+  (`kube.http.memory`).
 Small requests (~0.2 ms of CPU) are handled on the event loop; large ones on a thread, so they
 never hold up the small ones behind them.
 """
@@ -38,9 +38,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from webhook.admission.memory import QUANTUM, LargeBodySlots
-from webhook.admission.messages import Request, RequestHandler, Response, status_response
-from webhook.admission.review import quote
+from kube.http.memory import QUANTUM, LargeBodySlots
+from kube.http.messages import Request, RequestHandler, Response, quote, status_response
 
 log = logging.getLogger("lumigo.webhook.server")
 

@@ -8,10 +8,32 @@ body, readable with curl and shown by the API server as the webhook's message.
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import Final
 from urllib.parse import urlsplit
+
+# controller-runtime's limit: the API server caps objects at 3 MiB, an AdmissionReview holds two.
+MAX_BODY_BYTES: Final = 7 * 1024 * 1024
+QUOTE_LIMIT: Final = 100  # characters of a caller's value quoted back in an error message
+MESSAGE_LIMIT: Final = 1000  # characters of a 400 message, whatever it quotes
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = QUOTE_LIMIT
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist = 2, 4, 4
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`value` as repr() for an error message, at most `limit` characters + "…": a 400 must not
+    echo megabytes of the caller's input back (the API server logs and shows these messages).
+    reprlib never renders more of a value than it shows."""
+    return clip(_REPR.repr(value), limit)
 
 
 @dataclass(frozen=True)

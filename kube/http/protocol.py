@@ -28,8 +28,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from webhook.admission.messages import status_bytes
-from webhook.admission.review import quote
+from kube.http.messages import quote, status_bytes
 
 log = logging.getLogger("lumigo.webhook.server")
 LOG_INTERVAL = 60.0  # seconds between two log lines about failed handshakes

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from webhook.admission.kubeapi import ApiError, Resource
-from webhook.admission.messages import Request, RequestHandler, Response, status_response
+from kube.http.messages import Request, RequestHandler, Response, status_response
+from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.delegated_auth")
 

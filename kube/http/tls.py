@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
-from webhook.admission.metrics import CERTIFICATE_EXPIRY
+from kube.http.server_metrics import CERTIFICATE_EXPIRY
 
 log = logging.getLogger("lumigo.webhook.tls")
 

@@ -35,7 +35,7 @@ WORKER_BYTES = 64 * MiB  # an admission worker at rest (measured ~56-60 MiB)
 LARGE_BODY_BYTES = 240 * MiB  # handling one maximum-size review (measured ~233 MiB)
 POD_BODY_BUDGET = 32 * MiB  # bytes of large bodies held at once by all workers together
 HEADROOM = 0.9  # of the limit: the rest for the kernel's view of fragmentation and buffers
-QUANTUM = 256 * 1024  # room a large body takes ahead of its bytes (webhook.admission.asgi)
+QUANTUM = 256 * 1024  # room a large body takes ahead of its bytes (kube.http.asgi)
 
 _LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 LIMIT_ENV = "LUMIGO_MEMORY_LIMIT"  # bytes, e.g. from the downward API's limits.memory

@@ -52,8 +52,11 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.verification import VerificationError
 
-from webhook.admission import certs
-from webhook.admission.kubeapi import (
+from kube import certs
+from kube.http.readiness import NotReady
+from kube.http.server_metrics import CERTIFICATE_EXPIRY
+from kube.http.tls import InvalidKeyPair, ServingTLS
+from kube.rest import (
     JSON,
     MUTATING_WEBHOOK_CONFIGURATIONS,
     SECRETS,
@@ -62,9 +65,6 @@ from webhook.admission.kubeapi import (
     KubeAPI,
     Resource,
 )
-from webhook.admission.metrics import CERTIFICATE_EXPIRY
-from webhook.admission.readiness import NotReady
-from webhook.admission.tls import InvalidKeyPair, ServingTLS
 
 log = logging.getLogger("lumigo.webhook.certs")
 
