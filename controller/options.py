@@ -40,6 +40,9 @@ OLM_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - whe
 # How often the cluster agent's kubelet scrapes and the watchdog's passes run by default.
 DEFAULT_FREQUENCY = "15s"
 _FREQUENCY_SECONDS = 15.0
+# The Secret with the Lumigo token of cluster collection and the watchdog (lumigoToken.*).
+TOKEN_SECRET = "lumigo-credentials"
+TOKEN_KEY = "token"
 MAX_WEBHOOK_WORKERS = 64  # admission processes next to the manager, `--webhook-workers`
 
 
@@ -122,6 +125,26 @@ def _kubeconfig() -> str | None:
 
 def _operator_version() -> str:
     return option(__version__, PROCESS, env="LUMIGO_OPERATOR_VERSION")
+
+
+def _log_rules(which: str) -> tuple[LogFileRule, ...]:
+    return option(
+        (),
+        AGENT,
+        f"containers whose log files are {which}d: a JSON list of {{namespacePattern, "
+        "podPattern, containerPattern} globs",
+        env=f"LUMIGO_CLUSTER_LOGS_{which.upper()}",
+        parse=parse_log_rules,
+    )
+
+
+def _token_secret(consumer: str, where: str) -> str:
+    return option(
+        TOKEN_SECRET,
+        consumer,
+        f"the Secret, in {where}, with the token of cluster collection",
+        env="LUMIGO_CLUSTER_TOKEN_SECRET",
+    )
 
 
 @dataclass
@@ -340,30 +363,11 @@ class RunOptions:
         "run the cluster agent, a DaemonSet that sends the container log files of every node",
         env="LUMIGO_CLUSTER_LOGS",
     )
-    cluster_logs_include: tuple[LogFileRule, ...] = option(
-        (),
-        AGENT,
-        "containers whose log files are included: a JSON list of {namespacePattern, "
-        "podPattern, containerPattern} globs",
-        env="LUMIGO_CLUSTER_LOGS_INCLUDE",
-        parse=parse_log_rules,
-    )
-    cluster_logs_exclude: tuple[LogFileRule, ...] = option(
-        (),
-        AGENT,
-        "containers whose log files are excluded: a JSON list of {namespacePattern, "
-        "podPattern, containerPattern} globs",
-        env="LUMIGO_CLUSTER_LOGS_EXCLUDE",
-        parse=parse_log_rules,
-    )
+    cluster_logs_include: tuple[LogFileRule, ...] = _log_rules("include")
+    cluster_logs_exclude: tuple[LogFileRule, ...] = _log_rules("exclude")
     cluster_agent_daemonset: str = option("lumigo-lumigo-operator-cluster-agent", AGENT)
-    cluster_token_secret: str = option(
-        "lumigo-credentials",
-        AGENT,
-        "the Secret, in the operator's namespace, with the token of cluster collection",
-        env="LUMIGO_CLUSTER_TOKEN_SECRET",
-    )
-    cluster_token_key: str = option("token", AGENT)
+    cluster_token_secret: str = _token_secret(AGENT, "the operator's namespace")
+    cluster_token_key: str = option(TOKEN_KEY, AGENT)
     pod_logs_dir: str = option("/var/log/pods", AGENT, "the kubelet's podLogsDir on the nodes")
     cluster_agent_state_dir: str = option(
         "/var/lib/lumigo-operator/cluster-agent",
@@ -456,13 +460,8 @@ class WatchdogOptions:
         "how often the containers' resource usage (metrics.k8s.io) is read and sent",
     )
     cluster_name: str = option("", WATCHDOG, env="KUBERNETES_CLUSTER_NAME")
-    token_secret: str = option(
-        "lumigo-credentials",
-        WATCHDOG,
-        "the Secret, in --namespace, with the token",
-        env="LUMIGO_CLUSTER_TOKEN_SECRET",
-    )
-    token_key: str = option("token", WATCHDOG)
+    token_secret: str = _token_secret(WATCHDOG, "--namespace")
+    token_key: str = option(TOKEN_KEY, WATCHDOG)
     operator_version: str = _operator_version()
     log_level: str = option("info", PROCESS, env="LUMIGO_LOG_LEVEL")
 
@@ -512,8 +511,8 @@ class QuickstartOptions:
         required=True,
     )
     release: str = option("", HOOKS, "the Helm release creating them", required=True)
-    secret_name: str = option("lumigo-credentials", HOOKS)
-    secret_key: str = option("token", HOOKS)
+    secret_name: str = option(TOKEN_SECRET, HOOKS)
+    secret_key: str = option(TOKEN_KEY, HOOKS)
     kubeconfig: str | None = option(None, PROCESS, parse=str)
     timeout: float = option(180.0, HOOKS, "how long to wait for the Lumigo webhook")
     log_level: str = option("info", PROCESS)
