@@ -14,15 +14,23 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Final
 
-from api import constants
+from api import constants, objects
 
 JSON = dict[str, Any]
 
 ROLLING_KINDS: Final = frozenset({"Deployment", "StatefulSet", "DaemonSet"})
 
+# Key the controller's workload caches add to a workload's metadata projection: our annotations
+# (and, for rolling kinds, the rollout's generation and completeness): `controller.lumigo.rollouts`.
+STATE: Final = "lumigoRollout"
+
 
 def is_reverted(obj: Mapping[str, Any]) -> bool:
-    return constants.ANNOTATION_REVERTED in annotations_of(obj)
+    """Carries the revert mark: a full object's annotation, or a cached projection's copy of it."""
+    state = obj.get(STATE)
+    projected = state.get("annotations") if isinstance(state, Mapping) else None
+    in_projection = isinstance(projected, Mapping) and constants.ANNOTATION_REVERTED in projected
+    return in_projection or constants.ANNOTATION_REVERTED in objects.annotations_of(obj)
 
 
 def timestamp(now: dt.datetime) -> str:
@@ -48,17 +56,13 @@ def as_int(value: Any) -> int:
         return 0
 
 
-def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (obj.get("metadata") or {}).get("annotations") or {}
-
-
 def rollout_complete(obj: Mapping[str, Any]) -> bool:
     """Whether the workload's controller reports the current generation fully rolled out and
     available (what `kubectl rollout status` waits for)."""
     kind = obj.get("kind")
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    generation = as_int((obj.get("metadata") or {}).get("generation"))
+    generation = objects.generation(obj)
     if as_int(status.get("observedGeneration")) < generation:
         return False
     if kind == "Deployment":
@@ -92,7 +96,7 @@ def rollout_complete(obj: Mapping[str, Any]) -> bool:
 def marks(obj: Mapping[str, Any], now: dt.datetime, healthy_before: bool) -> dict[str, str]:
     """The annotations our instrumenting write adds. A change of the pod template bumps the
     generation by exactly one, so the write's own generation is known before it is made."""
-    generation = as_int((obj.get("metadata") or {}).get("generation")) + 1
+    generation = objects.generation(obj) + 1
     return {
         constants.ANNOTATION_INSTRUMENTED_GENERATION: str(generation),
         constants.ANNOTATION_INSTRUMENTED_AT: timestamp(now),
@@ -102,7 +106,7 @@ def marks(obj: Mapping[str, Any], now: dt.datetime, healthy_before: bool) -> dic
 
 def set_annotations(obj: JSON, values: Mapping[str, str | None]) -> None:
     """Set (or, for None, delete) annotations on a full object in place."""
-    meta = obj.setdefault("metadata", {})
+    meta = objects.mutable_metadata(obj)
     current = dict(meta.get("annotations") or {})
     for key, value in values.items():
         if value is None:

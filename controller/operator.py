@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from api import constants
+from api import constants, marks, objects
 from api.lumigo import LumigoSpec
 from controller.admission import (
     add_admission,
@@ -70,10 +70,10 @@ def _labels_changed(old: JSON | None, new: JSON) -> bool:
     if old is None:
         return True
     return bool(
-        (old.get("metadata") or {}).get("labels") != (new.get("metadata") or {}).get("labels")
+        objects.metadata(old).get("labels") != objects.metadata(new).get("labels")
         or old.get(OPTED_OUT_INSTRUMENTED) != new.get(OPTED_OUT_INSTRUMENTED)
         or old.get(STORAGE_PROBLEM) != new.get(STORAGE_PROBLEM)
-        or old.get(rollouts.STATE) != new.get(rollouts.STATE)
+        or old.get(marks.STATE) != new.get(marks.STATE)
     )
 
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final, Protocol
 
-from api import constants
-from api.marks import ROLLING_KINDS, marks, rollout_complete, set_annotations
-from controller.lumigo.rollouts import is_reverted
+from api import constants, objects
+from api.eligibility import JOB_IMMUTABLE_MESSAGE
+from api.marks import ROLLING_KINDS, is_reverted, marks, rollout_complete, set_annotations
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
@@ -29,7 +29,6 @@ from webhook import injection_events, pod_injection
 log = logging.getLogger("lumigo.instrumentation")
 
 JSON = dict[str, Any]
-JOB_IMMUTABLE = "the PodSpec of batchv1.Job resources is immutable once the job has been created"
 
 
 # Removing our instrumentation also drops the rollout annotations of the change that added it.
@@ -53,8 +52,8 @@ class Target:
     name: str
 
     @classmethod
-    def of(cls, obj: JSON) -> Target:
-        meta = obj.get("metadata") or {}
+    def of(cls, obj: Mapping[str, Any]) -> Target:
+        meta = objects.metadata(obj)
         return cls(WORKLOADS_BY_KIND[obj["kind"]], meta.get("namespace", ""), meta["name"])
 
 
@@ -190,7 +189,7 @@ class Instrumenter:
                 return None
             set_annotations(cleaned, ROLLOUT_MARKS_CLEARED)
             # Tell the webhook not to inject again on this very update (the reference handshake).
-            labels = cleaned.setdefault("metadata", {}).setdefault("labels", {})
+            labels = objects.mutable_metadata(cleaned).setdefault("labels", {})
             labels[constants.LABEL_AUTO_TRACE] = constants.AUTO_TRACE_SKIP_NEXT_INJECTOR
             return cleaned
 
@@ -221,7 +220,7 @@ class Instrumenter:
         Conflict-safe: controllers (e.g. the Deployment controller's status writes) race us."""
 
         def drop(obj: JSON) -> JSON | None:
-            labels = (obj.get("metadata") or {}).get("labels") or {}
+            labels = objects.mutable_metadata(obj).get("labels") or {}
             if labels.get(constants.LABEL_AUTO_TRACE) != constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
                 return None
             del labels[constants.LABEL_AUTO_TRACE]
@@ -317,12 +316,9 @@ class Instrumenter:
         trigger: str,
         component: str | None = None,
     ) -> Outcome:
-        self._event_on(
-            target,
-            injection_events.reason(action, failed=True),
-            injection_events.message(action, trigger, JOB_IMMUTABLE),
-            component or self.component,
-        )
+        message = injection_events.message(action, trigger, JOB_IMMUTABLE_MESSAGE)
+        failed = injection_events.reason(action, failed=True)
+        self._event_on(target, failed, message, component or self.component)
         return Outcome(target, False)
 
     def _event_on(self, target: Target, reason: str, message: str, component: str) -> None:
@@ -331,8 +327,3 @@ class Instrumenter:
         except ApiError:
             return
         self.recorder.event(obj, injection_events.WARNING, reason, message, component)
-
-
-def _labels(obj: JSON) -> dict[str, str]:
-    labels: dict[str, str] = (obj.get("metadata") or {}).get("labels") or {}
-    return labels

@@ -38,11 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api import constants
+from api import constants, objects
 from api.effective import governing
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
-from api.marks import ROLLING_KINDS
-from controller.lumigo import monitored, removal, skipped
+from api.marks import ROLLING_KINDS, is_reverted
+from controller.lumigo import monitored, plan, removal, skipped
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import (
     InstrumentationIncomplete,
@@ -56,8 +56,6 @@ from controller.lumigo.instrumentation import (
 from controller.lumigo.resources import LUMIGOES
 from controller.lumigo.revert import Reverter
 from controller.lumigo.rollouts import (
-    Budget,
-    is_reverted,
     is_rolling_because_of_us,
     our_annotation,
 )
@@ -67,7 +65,6 @@ from controller.runtime.manager import ReconcileError, Result
 from controller.runtime.resources import SECRETS, ApiError
 from controller.runtime.store import ObjectKey
 from webhook import injection_events, pod_injection
-from webhook.pod_injection import is_deployment_owned
 
 log = logging.getLogger("lumigo.controller")
 
@@ -108,7 +105,7 @@ class LumigoReconciler:
         if lumigo is None:
             return Result()  # gone: its finalizer already did the cleanup
         lumigo = copy.deepcopy(lumigo)
-        if (lumigo.get("metadata") or {}).get("deletionTimestamp"):
+        if objects.is_being_deleted(lumigo):
             self._finalize(lumigo)
             return Result()
         lumigo = self._ensure_finalizer(lumigo)
@@ -149,12 +146,12 @@ class LumigoReconciler:
 
     # -- validation ----------------------------------------------------------------------------
     def _problem(self, lumigo: JSON) -> tuple[str | None, str, LumigoSpec | None]:
-        namespace = lumigo["metadata"]["namespace"]
+        namespace = objects.namespace(lumigo)
         excluded = st.excluded_namespace_problem(namespace, self.operator_namespace)
         if excluded is not None:
             return excluded, st.REASON_EXCLUDED_NAMESPACE, None
         oldest = self.effective_lumigo(namespace)
-        if oldest is not None and oldest["metadata"]["name"] != lumigo["metadata"]["name"]:
+        if oldest is not None and objects.name(oldest) != objects.name(lumigo):
             return st.OTHER_INSTANCES, st.REASON_DUPLICATE, None
         raw_spec = lumigo.get("spec")
         if not raw_spec:
@@ -194,58 +191,35 @@ class LumigoReconciler:
         """Instrument what should be, within the rollout budget: (rolling, pending) after.
         `left_out`: the workloads instrumenting would harm (`_skipped`), warned about instead."""
         injection = spec.tracing.injection
-        namespace = lumigo["metadata"]["namespace"]
+        namespace, name = objects.namespace(lumigo), objects.name(lumigo)
         rolling = self._rolling(namespace)
         if not injection.enabled:
             return rolling, 0
-        name = lumigo["metadata"]["name"]
-        # Workloads created after activation should have been injected by the webhook; if they
-        # were not (it was down: failurePolicy Ignore), the controller repairs them. Strictly
-        # after: creation timestamps have a one-second resolution, and a workload from the same
-        # second may well predate the activation.
-        active = st.condition(lumigo.get("status"), constants.CONDITION_ACTIVE)
-        activated = (
-            str(active.get("lastTransitionTime", ""))
-            if active is not None and active.get("status") == "True"
-            else _now()
+        selection = plan.select(
+            (
+                (kind, obj)
+                for kind, informer in self.workloads.items()
+                for obj in informer.store.by_label(constants.LABEL_AUTO_TRACE, None, namespace)
+            ),
+            activated=plan.activation_time(lumigo.get("status"), _now()),
+            inject_existing=injection.inject_lumigo_into_existing_resources_on_creation,
+            first_activation=first_activation,
+            left_out=left_out,
         )
-        inject_existing = injection.inject_lumigo_into_existing_resources_on_creation
-        targets: list[Target] = []
-        jobs: list[Target] = []
-        for kind, informer in self.workloads.items():
-            for obj in informer.store.by_label(constants.LABEL_AUTO_TRACE, None, namespace):
-                if (
-                    is_deployment_owned(obj)
-                    or (obj.get("metadata") or {}).get("deletionTimestamp")
-                    or is_reverted(obj)
-                ):
-                    continue
-                newer = str(obj["metadata"].get("creationTimestamp", "")) > activated
-                if not (inject_existing or newer):
-                    continue
-                if Target.of(obj) in left_out:
-                    continue  # warned about by `_skipped`
-                if kind == "Job":
-                    if first_activation and inject_existing:
-                        jobs.append(Target.of(obj))
-                    continue
-                targets.append(Target.of(obj))
+        targets, jobs = selection.targets, selection.jobs
         if not targets and not jobs:
             return rolling, 0
-        # Rolling kinds wait for a slot of the budget; the others restart no pod.
-        ordered = sorted(targets, key=target_order)
-        rollable = [t for t in ordered if t.resource.kind in ROLLING_KINDS]
-        free = Budget(injection.max_concurrent_rollouts, rolling).free
-        now = [t for t in ordered if t.resource.kind not in ROLLING_KINDS] + rollable[:free]
-        pending = len(rollable) - len(rollable[:free])
+        now, pending = plan.schedule(targets, injection.max_concurrent_rollouts, rolling)
         trigger = injection_events.controller_trigger(namespace, name)
         settings = self.settings_for(spec)
         outcomes = self.instrumenter.instrument_all(
-            sorted(now, key=target_order), settings, trigger, self._listed(namespace, now)
+            now, settings, trigger, self._listed(namespace, now)
         )
         for job in jobs:
             self.instrumenter.instrument(job, settings, trigger)  # records the immutability event
-        started = [o.target for o in outcomes if o.changed and o.target in rollable]
+        started = [
+            o.target for o in outcomes if o.changed and o.target.resource.kind in ROLLING_KINDS
+        ]
         with self._started_lock:
             self._started.update((t, time.monotonic()) for t in started)
         failed = [o for o in outcomes if o.error]
@@ -263,7 +237,7 @@ class LumigoReconciler:
             if (why := skipped.skip_reason(obj, mode)) is not None
         }
         lumigo = self.effective_lumigo(namespace)
-        name = (lumigo or {}).get("metadata", {}).get("name", "")
+        name = objects.name(lumigo or {})
         trigger = injection_events.controller_trigger(namespace, name)
         with self._started_lock:
             new = [(t, o, w) for t, (o, w) in found.items() if self._warned.get(t) != w]
@@ -333,25 +307,22 @@ class LumigoReconciler:
         refs = [
             st.reverted_reference(obj, our_annotation(obj, constants.ANNOTATION_REVERTED) or "")
             for informer in self.workloads.values()
-            for obj in informer.store.list(namespace, is_reverted)
-            if not is_deployment_owned(obj)  # a ReplicaSet carries its Deployment's annotations
+            for obj in plan.listed(informer.store.list(namespace, is_reverted))
         ]
         return st.sort_instrumented(refs)
 
     def _remove_opted_out(self, lumigo: JSON) -> list[Outcome]:
         """Clean the workloads labelled `false` that still carry our instrumentation."""
-        namespace, name = lumigo["metadata"]["namespace"], lumigo["metadata"]["name"]
-        targets = [
-            Target.of(obj)
+        namespace, name = objects.namespace(lumigo), objects.name(lumigo)
+        targets = plan.opted_out_to_clean(
+            (kind, obj)
             for kind, informer in self.workloads.items()
-            if kind != "Job"  # immutable pod template
             for obj in informer.store.list(namespace, is_opted_out_but_instrumented)
-            if not (obj.get("metadata") or {}).get("deletionTimestamp")
-        ]
+        )
         if not targets:
             return []
         trigger = injection_events.controller_trigger(namespace, name)
-        return self.instrumenter.remove_opted_out_all(sorted(targets, key=target_order), trigger)
+        return self.instrumenter.remove_opted_out_all(targets, trigger)
 
     def _listed(self, namespace: str, targets: list[Target]) -> dict[Target, JSON]:
         """Full copies of many targets from one paginated LIST per kind instead of a GET each
@@ -374,20 +345,19 @@ class LumigoReconciler:
         refs = [
             st.instrumented_reference(obj)
             for informer in self.workloads.values()
-            for obj in informer.store.list(namespace, is_instrumented_now)
-            if not is_deployment_owned(obj)
+            for obj in plan.listed(informer.store.list(namespace, is_instrumented_now))
         ]
         return st.sort_instrumented(refs)
 
     # -- deletion ------------------------------------------------------------------------------
     def _finalize(self, lumigo: JSON) -> None:
         """Ours to finalize: what deleting a Lumigo does (`removal`), shared with uninstall."""
-        if constants.FINALIZER in (lumigo["metadata"].get("finalizers") or []):
+        if constants.FINALIZER in objects.finalizers(lumigo):
             removal.finalize(self.client, self.instrumenter, lumigo)
 
     def _ensure_finalizer(self, lumigo: JSON) -> JSON:
         meta = lumigo["metadata"]
-        finalizers = list(meta.get("finalizers") or [])
+        finalizers = objects.finalizers(lumigo)
         if constants.FINALIZER in finalizers:
             return lumigo
         patch = {

@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from api import constants
-from api.marks import ROLLING_KINDS, set_annotations
+from api.marks import ROLLING_KINDS, is_reverted, set_annotations
 from controller.lumigo import health
 from controller.lumigo.instrumentation import (
     ROLLOUT_MARKS_CLEARED,
@@ -37,7 +37,6 @@ from controller.lumigo.rollouts import (
     instrumented_at,
     is_complete,
     is_our_revision,
-    is_reverted,
     our_annotation,
 )
 from controller.runtime.kube import KubeClient

@@ -21,13 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from api import constants, marks
-from api.marks import ROLLING_KINDS, annotations_of, as_int, parse_time, rollout_complete
+from api import constants, objects
+from api.marks import ROLLING_KINDS, STATE, as_int, parse_time, rollout_complete
 
 JSON = dict[str, Any]
 
-# Key the workload caches add to their metadata projection (`state`).
-STATE: Final = "lumigoRollout"
 _OUR_ANNOTATIONS: Final = (
     constants.ANNOTATION_INSTRUMENTED_GENERATION,
     constants.ANNOTATION_INSTRUMENTED_AT,
@@ -40,12 +38,12 @@ def state(obj: JSON) -> JSON:
     """The projection extra: for a workload carrying our annotations, those and (rolling kinds)
     whether its rollout is complete, so the controller counts rollouts from its cache and wakes
     when one completes. Nothing for every other workload: the cache stays as small as before."""
-    ours = {k: str(v) for k, v in annotations_of(obj).items() if k in _OUR_ANNOTATIONS}
+    ours = {k: str(v) for k, v in objects.annotations_of(obj).items() if k in _OUR_ANNOTATIONS}
     if not ours:
         return {}
     if obj.get("kind") not in ROLLING_KINDS:
         return {STATE: {"annotations": ours}}
-    generation = as_int((obj.get("metadata") or {}).get("generation"))
+    generation = objects.generation(obj)
     return {
         STATE: {"annotations": ours, "generation": generation, "complete": rollout_complete(obj)}
     }
@@ -65,14 +63,8 @@ def our_annotation(obj: Mapping[str, Any], key: str) -> str | None:
     """One of our annotations, from a full object or a cached projection."""
     value = (_state(obj).get("annotations") or {}).get(key)
     if value is None:
-        value = annotations_of(obj).get(key)
+        value = objects.annotations_of(obj).get(key)
     return None if value is None else str(value)
-
-
-def is_reverted(obj: Mapping[str, Any]) -> bool:
-    """Carries the revert mark: a full object (`api.marks.is_reverted`) or a cached projection."""
-    in_projection = constants.ANNOTATION_REVERTED in (_state(obj).get("annotations") or {})
-    return in_projection or marks.is_reverted(obj)
 
 
 def instrumented_at(obj: Mapping[str, Any]) -> dt.datetime | None:
@@ -84,7 +76,7 @@ def is_our_revision(obj: Mapping[str, Any]) -> bool:
     ours = our_annotation(obj, constants.ANNOTATION_INSTRUMENTED_GENERATION)
     generation = _state(obj).get("generation")
     if generation is None:
-        generation = (obj.get("metadata") or {}).get("generation")
+        generation = objects.metadata(obj).get("generation")
     return ours is not None and ours == str(as_int(generation))
 
 
