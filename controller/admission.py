@@ -18,6 +18,7 @@ from typing import Any
 
 from api import constants
 from controller.admission_workers import AdmissionWorkers, default_worker_count
+from controller.flag_table import pick
 from controller.lumigo.injection_mode import AutoInjectionMode, PublishedInjectionMode
 from controller.lumigo.nodes import node_informer
 from controller.lumigo.resources import LUMIGOES
@@ -67,13 +68,9 @@ def injection_settings(opts: RunOptions) -> InjectionSettings:
     """The settings of every injection; with `auto`, in the init-container mode that
     `add_injection_mode` switches per admission."""
     auto = opts.injection_mode == constants.INJECTION_MODE_AUTO
-    return InjectionSettings(
-        operator_version=opts.operator_version,
-        injector_image=opts.injector_image,
-        injector_pull_policy=opts.injector_pull_policy,
-        injection_mode=constants.INJECTION_MODE_INIT_CONTAINER if auto else opts.injection_mode,
-        telemetry_proxy_endpoint=opts.telemetry_proxy_endpoint,
-    )
+    # The operator version, injector image and pull policy, proxy endpoint: same-named options.
+    mode = constants.INJECTION_MODE_INIT_CONTAINER if auto else opts.injection_mode
+    return pick(InjectionSettings, opts, injection_mode=mode)
 
 
 def add_injection_mode(

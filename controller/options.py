@@ -40,9 +40,6 @@ OLM_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - whe
 # How often the cluster agent's kubelet scrapes and the watchdog's passes run by default.
 DEFAULT_FREQUENCY = "15s"
 _FREQUENCY_SECONDS = 15.0
-# The Secret with the Lumigo token of cluster collection and the watchdog (lumigoToken.*).
-TOKEN_SECRET = "lumigo-credentials"
-TOKEN_KEY = "token"
 MAX_WEBHOOK_WORKERS = 64  # admission processes next to the manager, `--webhook-workers`
 
 
@@ -140,7 +137,7 @@ def _log_rules(which: str) -> tuple[LogFileRule, ...]:
 
 def _token_secret(consumer: str, where: str) -> str:
     return option(
-        TOKEN_SECRET,
+        constants.DEFAULT_TOKEN_SECRET,
         consumer,
         f"the Secret, in {where}, with the token of cluster collection",
         env="LUMIGO_CLUSTER_TOKEN_SECRET",
@@ -367,7 +364,7 @@ class RunOptions:
     cluster_logs_exclude: tuple[LogFileRule, ...] = _log_rules("exclude")
     cluster_agent_daemonset: str = option("lumigo-lumigo-operator-cluster-agent", AGENT)
     cluster_token_secret: str = _token_secret(AGENT, "the operator's namespace")
-    cluster_token_key: str = option(TOKEN_KEY, AGENT)
+    cluster_token_key: str = option(constants.DEFAULT_TOKEN_KEY, AGENT)
     pod_logs_dir: str = option("/var/log/pods", AGENT, "the kubelet's podLogsDir on the nodes")
     cluster_agent_state_dir: str = option(
         "/var/lib/lumigo-operator/cluster-agent",
@@ -461,7 +458,7 @@ class WatchdogOptions:
     )
     cluster_name: str = option("", WATCHDOG, env="KUBERNETES_CLUSTER_NAME")
     token_secret: str = _token_secret(WATCHDOG, "--namespace")
-    token_key: str = option(TOKEN_KEY, WATCHDOG)
+    token_key: str = option(constants.DEFAULT_TOKEN_KEY, WATCHDOG)
     operator_version: str = _operator_version()
     log_level: str = option("info", PROCESS, env="LUMIGO_LOG_LEVEL")
 
@@ -511,8 +508,8 @@ class QuickstartOptions:
         required=True,
     )
     release: str = option("", HOOKS, "the Helm release creating them", required=True)
-    secret_name: str = option(TOKEN_SECRET, HOOKS)
-    secret_key: str = option(TOKEN_KEY, HOOKS)
+    secret_name: str = option(constants.DEFAULT_TOKEN_SECRET, HOOKS)
+    secret_key: str = option(constants.DEFAULT_TOKEN_KEY, HOOKS)
     kubeconfig: str | None = option(None, PROCESS, parse=str)
     timeout: float = option(180.0, HOOKS, "how long to wait for the Lumigo webhook")
     log_level: str = option("info", PROCESS)

@@ -279,3 +279,51 @@ def _text(value: object) -> str:
     if isinstance(value, list | tuple):
         return ",".join(str(v) for v in value) if all(isinstance(v, str) for v in value) else "[]"
     return str(value)
+
+
+def test_component_settings_take_the_same_named_options() -> None:
+    """`pick` fills the manager's and the injection's settings from the options of the same
+    name: a field renamed on either side would silently keep its default, so check each."""
+    from controller.admission import injection_settings
+    from controller.flag_table import pick
+    from controller.runtime.manager import ManagerOptions
+
+    opts = RunOptions(
+        namespace="ns",
+        leader_election_id="lease",
+        health_probe_bind_address=":7",
+        metrics_bind_address=":9",
+        metrics_secure=False,
+        metrics_cert_dir="/certs",
+        shutdown_delay=3.0,
+        operator_version="1.2.3",
+        injector_image="injector:1",
+        injector_pull_policy="Always",
+        injection_mode="image-volume",
+        telemetry_proxy_endpoint="http://proxy",
+    )
+    manager = pick(ManagerOptions, opts, leader_election=False)
+    assert manager == ManagerOptions(
+        namespace="ns",
+        leader_election=False,
+        leader_election_id="lease",
+        health_probe_bind_address=":7",
+        metrics_bind_address=":9",
+        metrics_secure=False,
+        metrics_cert_dir="/certs",
+        shutdown_delay=3.0,
+    )
+    settings = injection_settings(opts)
+    assert (
+        settings.operator_version,
+        settings.injector_image,
+        settings.injector_pull_policy,
+        settings.injection_mode,
+        settings.telemetry_proxy_endpoint,
+    ) == (
+        "1.2.3",
+        "injector:1",
+        "Always",
+        "image-volume",
+        "http://proxy",
+    )
