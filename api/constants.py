@@ -159,3 +159,5 @@ INJECTOR_WEBHOOK_NAME: Final = "lumigoinjector.kb.io"
 DEFAULTER_WEBHOOK_NAME: Final = "lumigodefaulter.kb.io"
 
 LEADER_ELECTION_ID: Final = "1447aab8.lumigo.io"
+# How the operator's Kubernetes clients name themselves to the API server (audit logs).
+USER_AGENT: Final = "lumigo-operator"

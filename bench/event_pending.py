@@ -30,6 +30,7 @@ from typing import Any
 
 import pykube
 
+from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime import events
 from controller.runtime.kube import KubeClient
 
@@ -58,7 +59,9 @@ def events_at(rev: str) -> ModuleType:
 
 def run(module: ModuleType, count: int, *, unbounded: bool = False) -> dict[str, Any]:
     client = KubeClient(pykube.KubeConfig.from_url(DEAD), timeout=2.0, retry_attempts=1)
-    rec = module.EventRecorder(client, resolve_uid_timeout=3600.0, lookup=lambda k, n, m: None)
+    rec = module.EventRecorder(
+        client, resources=WORKLOADS_BY_KIND, resolve_uid_timeout=3600.0, lookup=lambda k, n, m: None
+    )
     if unbounded:  # every event kept: the cost of the heap alone, against the list's scans
         rec.max_pending = count
     start = time.perf_counter()

@@ -44,7 +44,7 @@ from localcluster import LocalCluster, wait_until  # noqa: E402
 from prometheus_client import REGISTRY  # noqa: E402
 
 from api import constants  # noqa: E402
-from controller.lumigo.resources import LUMIGOES  # noqa: E402
+from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND  # noqa: E402
 from controller.runtime.events import AdmissionEvents, EventRecorder  # noqa: E402
 from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
@@ -166,8 +166,9 @@ def main() -> int:
         deployments = Informer(kube, Selection(DEPLOYMENTS), transform=metadata_projection())
         deployments.start()
         recorder = EventRecorder(
-            kube, lookup=lambda kind, ns, name: deployments.get(ns, name)
-            if kind == "Deployment" else None,
+            kube, resources=WORKLOADS_BY_KIND,
+            lookup=lambda kind, ns, name: deployments.get(ns, name) if kind == "Deployment"
+            else None,
         )  # fmt: skip
         recorder.start()
         # Verified before posting, as the operator's admission events are.

@@ -44,6 +44,7 @@ from prometheus_client import REGISTRY, Counter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from api import constants
 from controller.options import RunOptions
 from controller.runtime import events
 from controller.runtime.process_metrics import ChildMetrics
@@ -506,7 +507,7 @@ def serve_admissions(
     from controller.runtime.manager import Manager, ManagerOptions, Runnable  # noqa: PLC0415
 
     setup_logging(opts.log_level)
-    client = KubeClient.from_env(opts.kubeconfig)
+    client = KubeClient.from_env(opts.kubeconfig, user_agent=constants.USER_AGENT)
     manager = Manager(
         client,
         ManagerOptions(

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from api import __version__
+from api import __version__, constants
 from controller.flag_table import add_flags
 from controller.options import (
     QuickstartOptions,
@@ -106,7 +106,7 @@ def _wait_for_webhook(args: argparse.Namespace) -> int:
     from controller.lumigo.admission_probe import wait_until_admitted  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
 
-    client = KubeClient.from_env(args.kubeconfig)
+    client = KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT)
     took = wait_until_admitted(client, args.namespace, args.timeout)
     print(
         f"lumigo-operator wait-for-webhook: a Lumigo in {args.namespace} is admitted "
@@ -121,7 +121,7 @@ def _quickstart(args: argparse.Namespace) -> int:
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
 
     settings = quickstart.parse_settings(args.settings)
-    client = KubeClient.from_env(args.kubeconfig)
+    client = KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT)
     report = quickstart.apply(
         client,
         settings,
@@ -146,6 +146,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 def _uninstall(args: argparse.Namespace) -> int:
     from controller.lumigo.instrumentation import Instrumenter  # noqa: PLC0415
+    from controller.lumigo.resources import WORKLOADS_BY_KIND  # noqa: PLC0415
     from controller.lumigo.uninstall import uninstall  # noqa: PLC0415
     from controller.runtime.events import EventRecorder  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
@@ -153,8 +154,8 @@ def _uninstall(args: argparse.Namespace) -> int:
     from controller.telemetry.provider_id import remove_annotations  # noqa: PLC0415
     from webhook.injection_events import UNINSTALL_COMPONENT  # noqa: PLC0415
 
-    client = KubeClient.from_env(args.kubeconfig)
-    recorder = EventRecorder(client)
+    client = KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT)
+    recorder = EventRecorder(client, resources=WORKLOADS_BY_KIND)
     recorder.start()
     try:
         instrumenter = Instrumenter(client, recorder, component=UNINSTALL_COMPONENT)

@@ -31,6 +31,7 @@ from controller.lumigo.health import Thresholds
 from controller.lumigo.injection_mode import InjectionModePublisher
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.lumigo_reconciler import LumigoReconciler
+from controller.lumigo.resources import WORKLOADS, WORKLOADS_BY_KIND
 from controller.lumigo.revert import PodReader, Reverter
 from controller.lumigo.skipped import STORAGE_PROBLEM, storage_state
 from controller.options import RunOptions
@@ -39,7 +40,6 @@ from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, ManagerOptions, Result, Runnable
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from controller.runtime.resources import WORKLOADS
 from controller.runtime.singlekey import single_key_controller, trigger
 from controller.runtime.store import ObjectKey, key_of
 from controller.telemetry.agent import AgentTarget, ClusterAgentReconciler
@@ -91,6 +91,7 @@ def build(client: KubeClient, opts: RunOptions) -> Manager:
     }
     recorder = EventRecorder(
         client,
+        resources=WORKLOADS_BY_KIND,
         lookup=lambda kind, ns, name: workloads[kind].get(ns, name) if kind in workloads else None,
     )
     manager.add_runnable(
@@ -294,7 +295,7 @@ def run(opts: RunOptions) -> int:
 
 def start(builder: Callable[[KubeClient, RunOptions], Manager], opts: RunOptions, what: str) -> int:
     """Build a process's manager with a client from the environment, say so, run it."""
-    manager = builder(KubeClient.from_env(opts.kubeconfig), opts)
+    manager = builder(KubeClient.from_env(opts.kubeconfig, user_agent=constants.USER_AGENT), opts)
     log.info(
         what,
         extra={

@@ -22,6 +22,7 @@ import logging
 from api import constants
 from controller.admission import add_admission, add_injection_mode
 from controller.flag_table import pick
+from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.operator import start
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
@@ -43,7 +44,8 @@ def check_options(opts: RunOptions) -> None:
 def build_webhook(client: KubeClient, opts: RunOptions) -> Manager:
     check_options(opts)
     manager = Manager(client, pick(ManagerOptions, opts, leader_election=False))
-    recorder = EventRecorder(client)  # no workload cache: an object is found with a GET
+    # No workload cache: an object is found with a GET.
+    recorder = EventRecorder(client, resources=WORKLOADS_BY_KIND)
     manager.add_runnable(
         Runnable("event-recorder", recorder.start, recorder.stop, healthy=recorder.healthy)
     )

@@ -19,10 +19,11 @@ from typing import Any, Final, Protocol
 from api import constants, objects
 from api.eligibility import JOB_IMMUTABLE_MESSAGE
 from api.marks import ROLLING_KINDS, is_reverted, marks, rollout_complete, set_annotations
+from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
-from controller.runtime.resources import JOBS, WORKLOADS_BY_KIND, ApiError, Resource
+from controller.runtime.resources import JOBS, ApiError, Resource
 from kube import jsonpatch
 from webhook import injection_events, pod_injection
 

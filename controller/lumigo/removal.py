@@ -25,9 +25,9 @@ from controller.lumigo.instrumentation import (
     is_opted_out_and_instrumented,
     target_order,
 )
-from controller.lumigo.resources import LUMIGOES
+from controller.lumigo.resources import LUMIGOES, WORKLOADS
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import JOBS, WORKLOADS, ApiError
+from controller.runtime.resources import JOBS, ApiError
 from webhook import injection_events
 from webhook.pod_injection import is_deployment_owned
 

@@ -1,4 +1,5 @@
-"""Where the `Lumigo` kind lives in the REST API (the runtime's catalogue knows only core kinds)."""
+"""Where the `Lumigo` kind and the workload kinds Lumigo instruments live in the REST API (the
+runtime's catalogue knows only core kinds and no list of Lumigo's)."""
 
 from __future__ import annotations
 
@@ -6,3 +7,7 @@ from api import constants
 from controller.runtime.resources import Resource
 
 LUMIGOES = Resource(constants.API_VERSION, constants.KIND, constants.PLURAL)
+# The six workload kinds (api.constants.WORKLOAD_KINDS), in the reference's order (status
+# listing, injection passes); by kind for the event recorder and the instrumenter.
+WORKLOADS = tuple(Resource(*kind) for kind in constants.WORKLOAD_KINDS)
+WORKLOADS_BY_KIND = {r.kind: r for r in WORKLOADS}

@@ -38,14 +38,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import EVENTS, WORKLOADS_BY_KIND, ApiError, Resource
+from controller.runtime.resources import EVENTS, ApiError, Resource
 
 log = logging.getLogger("lumigo.events")
 
@@ -194,13 +194,13 @@ class EventRecorder:
         *,
         max_queue: int = 2000,
         resolve_uid_timeout: float = 5.0,
-        resources: dict[str, Resource] | None = None,
+        resources: Mapping[str, Resource],
         lookup: Lookup | None = None,
     ) -> None:
         self.client = client
         self.lookup = lookup
         self.resolve_uid_timeout = resolve_uid_timeout
-        self._resources = resources or dict(WORKLOADS_BY_KIND)
+        self._resources = dict(resources)  # kind -> where objects of that kind live
         self._queue: queue.Queue[PendingEvent | None] = queue.Queue(max_queue)
         self._seen: collections.OrderedDict[tuple[str, ...], tuple[str, str, int, float]] = (
             collections.OrderedDict()

@@ -33,6 +33,8 @@ log = logging.getLogger("lumigo.kube")
 JSON = dict[str, Any]
 JSONList = list[JSON]  # an alias: `list` is shadowed by methods named list in classes
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+# What a client says it is unless told (the operator passes its own: api.constants.USER_AGENT).
+DEFAULT_USER_AGENT = "python-kube-client"
 RETRYABLE_CODES = frozenset({0, 429, 500, 502, 503, 504})
 FIRST_ERROR_CODE = 400  # a status from here on is an error (4xx client, 5xx server)
 
@@ -89,6 +91,7 @@ class KubeClient:
         watch_read_timeout: float = 90.0,
         token_file: Path | None = None,
         retry_attempts: int = 5,
+        user_agent: str = DEFAULT_USER_AGENT,
     ) -> None:
         self.config = config
         self.timeout = timeout
@@ -97,6 +100,7 @@ class KubeClient:
         self._auth = TokenFileAuth(token_file) if token_file else None
         self._local = threading.local()
         self._retry_attempts = retry_attempts
+        self.user_agent = user_agent
         self._retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(_is_retryable),
             wait=_retry_wait,
@@ -143,13 +147,14 @@ class KubeClient:
             watch_read_timeout=self.watch_read_timeout,
             token_file=self._token_file,
             retry_attempts=self._retry_attempts if retry_attempts is None else retry_attempts,
+            user_agent=self.user_agent,
         )
 
     def _new_http(self) -> pykube.HTTPClient:
         http = pykube.HTTPClient(self.config, timeout=self.timeout)
         if self._auth is not None:
             http.session.auth = self._auth
-        http.session.headers["User-Agent"] = "lumigo-operator"
+        http.session.headers["User-Agent"] = self.user_agent
         return http
 
     def _http(self) -> pykube.HTTPClient:

@@ -258,7 +258,7 @@ class Runnable:
 class ManagerOptions:
     namespace: str = "default"
     leader_election: bool = True
-    leader_election_id: str = "1447aab8.lumigo.io"
+    leader_election_id: str = "controller-leader"  # the Lease name; the operator passes its own
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0

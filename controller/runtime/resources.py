@@ -33,8 +33,6 @@ __all__ = [
     "SERVICES",
     "STATEFULSETS",
     "VALIDATING_WEBHOOK_CONFIGURATIONS",
-    "WORKLOADS",
-    "WORKLOADS_BY_KIND",
     "ApiError",
     "Resource",
 ]
@@ -53,6 +51,3 @@ REPLICASETS = Resource("apps/v1", "ReplicaSet", "replicasets")
 STATEFULSETS = Resource("apps/v1", "StatefulSet", "statefulsets")
 CRONJOBS = Resource("batch/v1", "CronJob", "cronjobs")
 JOBS = Resource("batch/v1", "Job", "jobs")
-# The six workload kinds, in the reference's order (status listing, injection passes).
-WORKLOADS = (DAEMONSETS, DEPLOYMENTS, REPLICASETS, STATEFULSETS, CRONJOBS, JOBS)
-WORKLOADS_BY_KIND = {r.kind: r for r in WORKLOADS}

@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 
+from api import constants
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import DEFAULT_UPSTREAM, logs_url, metrics_url
 from controller.telemetry.watchdog import Watchdog, WatchdogSettings
@@ -27,7 +28,11 @@ def run_watchdog(args: argparse.Namespace) -> int:
         cluster_name=args.cluster_name or "",
         own_pod=os.environ.get("POD_NAME", ""),
     )
-    watchdog = Watchdog(KubeClient.from_env(args.kubeconfig), settings, args.operator_version)
+    watchdog = Watchdog(
+        KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT),
+        settings,
+        args.operator_version,
+    )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

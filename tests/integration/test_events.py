@@ -9,11 +9,12 @@ from typing import Any
 
 import pykube
 import pytest
+from localcluster import LocalCluster, wait_until
 
+from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.events import EventRecorder
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, EVENTS
-from localcluster import LocalCluster, wait_until
 
 
 def deployment(name: str) -> dict[str, Any]:
@@ -33,7 +34,7 @@ def deployment(name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def recorder(kube: KubeClient) -> Iterator[EventRecorder]:
-    rec = EventRecorder(kube, resolve_uid_timeout=3.0)
+    rec = EventRecorder(kube, resources=WORKLOADS_BY_KIND, resolve_uid_timeout=3.0)
     rec.start()
     yield rec
     rec.stop()
@@ -86,7 +87,9 @@ def test_events_about_objects_that_never_existed_are_dropped(
 
 
 def test_recording_never_blocks_even_when_the_queue_is_full(kube: KubeClient) -> None:
-    rec = EventRecorder(kube, max_queue=5)  # not started: nothing drains the queue
+    rec = EventRecorder(
+        kube, resources=WORKLOADS_BY_KIND, max_queue=5
+    )  # not started: nothing drains the queue
     done = threading.Event()
 
     def spam() -> None:
@@ -102,7 +105,7 @@ def test_recording_never_blocks_even_when_the_queue_is_full(kube: KubeClient) ->
 def test_uids_come_from_the_cache_when_it_has_the_object(kube: KubeClient, namespace: str) -> None:
     cached = {"metadata": {"uid": "from-the-cache", "resourceVersion": "42"}}
     rec = EventRecorder(
-        kube, resolve_uid_timeout=3.0,
+        kube, resources=WORKLOADS_BY_KIND, resolve_uid_timeout=3.0,
         lookup=lambda kind, ns, name: cached if (kind, name) == ("Deployment", "cached") else None,
     )  # fmt: skip
     rec.start()
@@ -120,7 +123,9 @@ def test_uids_come_from_the_cache_when_it_has_the_object(kube: KubeClient, names
 def test_an_event_waiting_for_its_object_does_not_hold_up_the_others(
     kube: KubeClient, namespace: str
 ) -> None:
-    rec = EventRecorder(kube, resolve_uid_timeout=120.0)  # far longer than the waits below
+    rec = EventRecorder(
+        kube, resources=WORKLOADS_BY_KIND, resolve_uid_timeout=120.0
+    )  # far longer than the waits below
     rec.start()
     try:
         pending = deployment("being-created")
@@ -175,7 +180,9 @@ def test_stop_returns_even_with_a_full_queue_and_a_hung_api_server(
 ) -> None:
     config = pykube.KubeConfig.from_file(str(cluster.kubeconfig))
     config.cluster["server"] = unanswering_server.url
-    rec = EventRecorder(KubeClient(config, timeout=60, retry_attempts=1), max_queue=2)
+    rec = EventRecorder(
+        KubeClient(config, timeout=60, retry_attempts=1), resources=WORKLOADS_BY_KIND, max_queue=2
+    )
     rec.start()
     involved = {"kind": "Deployment", "name": "web", "namespace": "default", "uid": "u-1"}
     rec.event({"metadata": involved}, "Normal", "R", "first", "c")
@@ -194,7 +201,7 @@ def test_a_dead_poster_thread_is_reported_unhealthy(kube: KubeClient, namespace:
     def fatal_lookup(kind: str, ns: str, name: str) -> None:
         raise SystemExit  # not an Exception: nothing inside the recorder catches it
 
-    rec = EventRecorder(kube, lookup=fatal_lookup)
+    rec = EventRecorder(kube, resources=WORKLOADS_BY_KIND, lookup=fatal_lookup)
     rec.healthy()  # not started: nothing to report
     rec.start()
     rec.healthy()

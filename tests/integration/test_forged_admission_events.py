@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from localcluster import LocalCluster, wait_until
 
+from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.kube import KubeClient
 from controller.runtime.resources import DEPLOYMENTS, EVENTS
@@ -58,7 +59,7 @@ def as_reviewed(obj: JSON, namespace: str, **metadata: str) -> JSON:
 
 @pytest.fixture
 def recorder(kube: KubeClient) -> Iterator[EventRecorder]:
-    rec = EventRecorder(kube, resolve_uid_timeout=2.0)
+    rec = EventRecorder(kube, resources=WORKLOADS_BY_KIND, resolve_uid_timeout=2.0)
     rec.start()
     yield rec
     rec.stop()

@@ -15,7 +15,7 @@ from localcluster import wait_until
 from localoperator import wait_until_webhooks_admit
 from prometheus_client import REGISTRY
 
-from controller.lumigo.resources import LUMIGOES
+from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
@@ -231,7 +231,7 @@ def operator(kube: KubeClient, namespace: str, crd: Any) -> Iterator[Operator]:
     recorder, self-mode certificates and both webhooks registered for the test namespace."""
     lumigoes = Informer(kube, Selection(LUMIGOES))
     lumigoes.start()
-    recorder = EventRecorder(kube)
+    recorder = EventRecorder(kube, resources=WORKLOADS_BY_KIND)
     recorder.start()
     lister = InformerLister(lumigoes)
     # Events verified before posting, as the operator wires them (they name request objects).

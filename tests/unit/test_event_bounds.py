@@ -9,6 +9,7 @@ import unicodedata
 import pykube
 from prometheus_client import REGISTRY
 
+from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime import events as recorder_events
 from controller.runtime.events import EventRecorder, PendingEvent
 from controller.runtime.kube import KubeClient
@@ -75,7 +76,9 @@ def test_a_forged_review_cannot_write_long_or_multiline_text_into_an_event() -> 
 
 
 def test_the_recorder_keeps_messages_within_the_apis_1024_bytes() -> None:
-    rec = EventRecorder(dead_client())  # not started: what is recorded stays queued
+    rec = EventRecorder(
+        dead_client(), resources=WORKLOADS_BY_KIND
+    )  # not started: what is recorded stays queued
     obj = {"kind": "Deployment", "metadata": {"name": "web", "namespace": "ns", "uid": "u"}}
     rec.event(obj, "Normal", "R", "é" * 1000, "c")  # 1,000 characters, 2,000 bytes
     queued = rec._queue.get_nowait()
@@ -87,7 +90,12 @@ def test_the_recorder_keeps_messages_within_the_apis_1024_bytes() -> None:
 def test_the_events_waiting_for_their_object_are_bounded_the_oldest_dropped() -> None:
     # The cache never has the objects and the wait is long: every event is set aside, and the
     # dead client proves that setting aside makes no API call.
-    rec = EventRecorder(dead_client(), resolve_uid_timeout=600.0, lookup=lambda k, ns, n: None)
+    rec = EventRecorder(
+        dead_client(),
+        resources=WORKLOADS_BY_KIND,
+        resolve_uid_timeout=600.0,
+        lookup=lambda k, ns, n: None,
+    )
     rec.max_pending = 10
     before = dropped("pending-full")
     for i in range(25):
@@ -104,7 +112,9 @@ def test_the_events_waiting_for_their_object_are_bounded_the_oldest_dropped() ->
 
 
 def test_an_admission_event_with_an_invalid_name_is_never_looked_up() -> None:
-    rec = EventRecorder(dead_client(), lookup=lambda kind, ns, name: None)
+    rec = EventRecorder(
+        dead_client(), resources=WORKLOADS_BY_KIND, lookup=lambda kind, ns, name: None
+    )
     before = dropped("invalid-object")
     for name, namespace in (("../../kube-system/secrets/x", "ns"), ("web", "a/b"), ("", "ns")):
         ref = {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": namespace, "name": name}
