@@ -72,7 +72,10 @@ images: system-deps payload ## Build the container images from Debian packages, 
 	$(PYTHON) hack/build-images
 
 .PHONY: test
-test: venv system-deps tools lint payload images ## Install what is missing, then run every test tier
+test: venv system-deps ## Install what is missing, then run every test tier
+	@# The tool builds (CPU), the payload's downloads (network) and lint overlap on a cold machine.
+	$(MAKE) --no-print-directory -j3 --output-sync=line tools payload lint
+	$(MAKE) --no-print-directory images
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 .PHONY: test-unit
