@@ -45,11 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
 import yaml  # noqa: E402
+from localcluster import FAKE_NODE, running, wait_until  # noqa: E402
 
 from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import PODS  # noqa: E402
 from controller.telemetry.agent_config import AgentSettings, build_agent  # noqa: E402
-from localcluster import FAKE_NODE, running, wait_until  # noqa: E402
+from kube.kinds import PODS  # noqa: E402
 from tests.support.otel import Collector, local_settings, running_sink  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "cluster_logs.json"

@@ -21,15 +21,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "hack"))
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import DEPLOYMENTS, NAMESPACES  # noqa: E402
 from localcluster import LocalCluster  # noqa: E402
+
+from controller.runtime.kube import KubeClient  # noqa: E402
+from kube.kinds import DEPLOYMENTS, NAMESPACES  # noqa: E402
 
 MEASURE = """
 import gc, json, sys, time
 from controller.runtime.kube import KubeClient
 from controller.runtime.informer import Informer, Selection, metadata_projection
-from controller.runtime.resources import DEPLOYMENTS
+from kube.kinds import DEPLOYMENTS
 from api import constants
 
 def rss_kib():

@@ -24,11 +24,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "hack"))
 
-from controller.lumigo.resources import LUMIGOES  # noqa: E402
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
 from localcluster import LocalCluster, wait_until  # noqa: E402
 from localoperator import OperatorProcess  # noqa: E402
+
+from controller.lumigo.resources import LUMIGOES  # noqa: E402
+from controller.runtime.kube import KubeClient  # noqa: E402
+from kube.kinds import DEPLOYMENTS  # noqa: E402
 from tests.support.checks import TOKEN, lumigo_yaml  # noqa: E402
 
 # No controller-manager runs here, so no rollout ever completes: without a budget the operator's

@@ -27,10 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import EVENTS, NAMESPACES, REPLICASETS  # noqa: E402
-from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
+
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
+from kube.kinds import EVENTS, NAMESPACES, REPLICASETS  # noqa: E402
 from tests.e2e.test_telemetry_events import owned_pod  # noqa: E402
 from tests.support.otel import local_settings, running_collector, running_sink  # noqa: E402
 

@@ -30,10 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import DEPLOYMENTS  # noqa: E402
-from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
+
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
+from kube.kinds import DEPLOYMENTS  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     OTLPSink,
     local_settings,

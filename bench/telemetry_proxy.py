@@ -36,10 +36,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import PODS  # noqa: E402
-from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
+
+from controller.runtime.kube import KubeClient  # noqa: E402
+from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
+from kube.kinds import PODS  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     export_request,
     local_settings,

@@ -48,10 +48,10 @@ from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND  # noqa: E40
 from controller.runtime.events import AdmissionEvents, EventRecorder  # noqa: E402
 from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import DEPLOYMENTS, SECRETS  # noqa: E402
 from kube import certs  # noqa: E402
 from kube.http.server import AdmissionServer, ServerOptions  # noqa: E402
 from kube.http.tls import ServingTLS  # noqa: E402
+from kube.kinds import DEPLOYMENTS, SECRETS  # noqa: E402
 from tests.conftest import CRD_FILE  # noqa: E402
 from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
     InformerLister,

@@ -45,14 +45,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
 import webhook_servers  # noqa: E402
+from localcluster import LocalCluster, wait_until  # noqa: E402
+from localoperator import OperatorProcess  # noqa: E402
 from webhook_direct import machine, offered_load, saturation  # noqa: E402
 from webhook_servers import tree_rss_mib  # noqa: E402
 
 from controller.lumigo.resources import LUMIGOES  # noqa: E402
 from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.runtime.resources import DEPLOYMENTS, MUTATING_WEBHOOK_CONFIGURATIONS  # noqa: E402
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from localoperator import OperatorProcess  # noqa: E402
+from kube.kinds import DEPLOYMENTS, MUTATING_WEBHOOK_CONFIGURATIONS  # noqa: E402
 from tests.support import reviews  # noqa: E402
 from tests.support.checks import TOKEN, clean, is_active, lumigo_yaml  # noqa: E402
 from tests.support.lumigo import create_token_secret  # noqa: E402

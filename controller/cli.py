@@ -22,7 +22,7 @@ from controller.options import (
     WatchdogOptions,
     run_options,
 )
-from controller.runtime.resources import ApiError
+from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.cli")
 
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _wait_for_webhook(args: argparse.Namespace) -> int:
-    from controller.lumigo.admission_probe import wait_until_admitted  # noqa: PLC0415
+    from controller.lumigo.defaulter_probe import wait_until_admitted  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
 
     client = KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT)
@@ -117,7 +117,7 @@ def _wait_for_webhook(args: argparse.Namespace) -> int:
 
 def _quickstart(args: argparse.Namespace) -> int:
     from controller.lumigo import quickstart  # noqa: PLC0415
-    from controller.lumigo.admission_probe import wait_until_admitted  # noqa: PLC0415
+    from controller.lumigo.defaulter_probe import wait_until_admitted  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
 
     settings = quickstart.parse_settings(args.settings)
@@ -150,8 +150,8 @@ def _uninstall(args: argparse.Namespace) -> int:
     from controller.lumigo.uninstall import uninstall  # noqa: PLC0415
     from controller.runtime.events import EventRecorder  # noqa: PLC0415
     from controller.runtime.kube import KubeClient  # noqa: PLC0415
-    from controller.runtime.resources import ApiError  # noqa: PLC0415
     from controller.telemetry.provider_id import remove_annotations  # noqa: PLC0415
+    from kube.rest import ApiError  # noqa: PLC0415
     from webhook.injection_events import UNINSTALL_COMPONENT  # noqa: PLC0415
 
     client = KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT)

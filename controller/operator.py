@@ -1,7 +1,7 @@
 """`lumigo-operator run`: assemble the manager process from its parts.
 
 Every replica: informer caches, the HTTPS admission server (in worker processes, see
-`controller.admission_workers`; not with --no-serve-webhooks, where `lumigo-operator webhook`
+`controller.webhook_workers`; not with --no-serve-webhooks, where `lumigo-operator webhook`
 serves them: `controller.webhook_command`), certificate (re)loading, the event recorder, probes
 and metrics. The Lease holder only: the Lumigo controller, the certificate writer (self mode),
 the published injection mode (--injection-mode-configmap) and the telemetry-proxy configuration.
@@ -16,24 +16,15 @@ from typing import Any
 
 from api import constants, marks, objects
 from api.lumigo import LumigoSpec
-from controller.admission import (
-    add_admission,
-    add_injection_mode,
-    ca_secret_informer,
-    certificate_informers,
-    injection_settings,
-    lumigo_informer,
-    managed_cert,
-)
 from controller.flag_table import pick
 from controller.lumigo import rollouts
-from controller.lumigo.health import Thresholds
 from controller.lumigo.injection_mode import InjectionModePublisher
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.lumigo_reconciler import LumigoReconciler
 from controller.lumigo.resources import WORKLOADS, WORKLOADS_BY_KIND
 from controller.lumigo.revert import PodReader, Reverter
 from controller.lumigo.skipped import STORAGE_PROBLEM, storage_state
+from controller.lumigo.workload_health import Thresholds
 from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
 from controller.runtime.informer import Informer, Selection, metadata_projection
@@ -48,6 +39,15 @@ from controller.telemetry.config import DEFAULT_UPSTREAM, Origin, ProxySettings
 from controller.telemetry.provider_id import add_node_provider_ids
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import Redaction
+from controller.webhook_serving import (
+    add_admission,
+    add_injection_mode,
+    ca_secret_informer,
+    certificate_informers,
+    injection_settings,
+    lumigo_informer,
+    managed_cert,
+)
 from kube.cert_manager import CertWriter
 from webhook import injection_events
 from webhook.pod_injection import InjectionSettings

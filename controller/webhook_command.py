@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 
 from api import constants
-from controller.admission import add_admission, add_injection_mode
 from controller.flag_table import pick
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.operator import start
@@ -28,6 +27,7 @@ from controller.options import RunOptions
 from controller.runtime.events import EventRecorder
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, ManagerOptions, Runnable
+from controller.webhook_serving import add_admission, add_injection_mode
 
 log = logging.getLogger("lumigo.webhook")
 

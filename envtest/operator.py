@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from localcluster import OPERATOR_USER, LocalCluster, free_port, wait_until
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES, ApiError
-from localcluster import OPERATOR_USER, LocalCluster, free_port, wait_until
+from kube.kinds import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES
+from kube.rest import ApiError
 
 ROOT = Path(__file__).resolve().parent.parent
 JSON = dict[str, Any]

@@ -1,11 +1,8 @@
-"""The Kubernetes API as the admission toolkit sees it: descriptors, the error, the verbs.
+"""The Kubernetes REST API: where a kind lives (`Resource`), the error, the verbs, watchers.
 
-`Resource` and `ApiError` are defined here, the lowest generic layer, because both the admission
-toolkit (the certificate manager talks about Secrets and webhook configurations) and the
-controller runtime use them, and `webhook/` never imports `controller/`;
-`controller.runtime.resources` re-exports them with the rest of the descriptors.
-`controller.runtime.kube.KubeClient` satisfies `KubeAPI`; objects implementing `EventHandler`
-can be registered with `controller.runtime.informer.Informer.add_handler`.
+Both the webhook's certificate manager and the controller runtime use them; the built-in kinds
+are in `kube.kinds`. `controller.runtime.kube.KubeClient` satisfies `KubeAPI`; objects
+implementing `EventHandler` can be registered with `controller.runtime.informer.Informer`.
 """
 
 from __future__ import annotations
@@ -49,22 +46,6 @@ def path_segment(value: str) -> str:
     if value in (".", ".."):
         return value.replace(".", "%2E")
     return quote(value, safe="")
-
-
-# The kinds the certificate manager writes.
-SECRETS = Resource("v1", "Secret", "secrets")
-MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
-    "admissionregistration.k8s.io/v1",
-    "MutatingWebhookConfiguration",
-    "mutatingwebhookconfigurations",
-    namespaced=False,
-)
-VALIDATING_WEBHOOK_CONFIGURATIONS = Resource(
-    "admissionregistration.k8s.io/v1",
-    "ValidatingWebhookConfiguration",
-    "validatingwebhookconfigurations",
-    namespaced=False,
-)
 
 
 class ApiError(Exception):

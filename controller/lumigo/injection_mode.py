@@ -26,8 +26,9 @@ from api import constants
 from controller.lumigo.nodes import node_info
 from controller.runtime.informer import FuncHandler, Informer
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import CONFIGMAPS, PODS, ApiError
 from kube.http.readiness import NotReady
+from kube.kinds import CONFIGMAPS, PODS
+from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.injection")
 

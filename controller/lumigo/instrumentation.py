@@ -23,8 +23,9 @@ from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
-from controller.runtime.resources import JOBS, ApiError, Resource
 from kube import jsonpatch
+from kube.kinds import JOBS
+from kube.rest import ApiError, Resource
 from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.instrumentation")

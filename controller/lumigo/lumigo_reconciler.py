@@ -62,8 +62,9 @@ from controller.lumigo.rollouts import (
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import ReconcileError, Result
-from controller.runtime.resources import SECRETS, ApiError
 from controller.runtime.store import ObjectKey
+from kube.kinds import SECRETS
+from kube.rest import ApiError
 from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.controller")

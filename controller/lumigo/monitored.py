@@ -14,7 +14,8 @@ from typing import Any
 
 from api import constants
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import NAMESPACES, ApiError
+from kube.kinds import NAMESPACES
+from kube.rest import ApiError
 
 JSON = dict[str, Any]
 VALUE = "true"

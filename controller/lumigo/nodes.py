@@ -12,7 +12,7 @@ from typing import Any
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.manager import Manager
-from controller.runtime.resources import NODES
+from kube.kinds import NODES
 
 JSON = dict[str, Any]
 

@@ -30,7 +30,8 @@ from typing import Any, Final
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import NAMESPACES, ApiError
+from kube.kinds import NAMESPACES
+from kube.rest import ApiError
 
 NAME: Final = "lumigo"
 ANNOTATION_RELEASE: Final = "operator.lumigo.io/quickstart"

@@ -27,7 +27,8 @@ from controller.lumigo.instrumentation import (
 )
 from controller.lumigo.resources import LUMIGOES, WORKLOADS
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import JOBS, ApiError
+from kube.kinds import JOBS
+from kube.rest import ApiError
 from webhook import injection_events
 from webhook.pod_injection import is_deployment_owned
 

@@ -4,7 +4,7 @@ runtime's catalogue knows only core kinds and no list of Lumigo's)."""
 from __future__ import annotations
 
 from api import constants
-from controller.runtime.resources import Resource
+from kube.rest import Resource
 
 LUMIGOES = Resource(constants.API_VERSION, constants.KIND, constants.PLURAL)
 # The six workload kinds (api.constants.WORKLOAD_KINDS), in the reference's order (status

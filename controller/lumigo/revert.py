@@ -3,10 +3,10 @@
 After the controller instruments an existing Deployment, StatefulSet or DaemonSet that was healthy,
 it watches the pods of the revision its change produced for `window` seconds, whenever the
 workload is not fully available. If they crash-loop, fail their `lumigo-injector` init container
-or never become ready (`health.Thresholds`), the workload goes back to its un-instrumented pod
-template in one conflict-safe write that also marks it (`operator.lumigo.io/instrumentation-
-reverted`, saying what was observed): neither the webhook nor the controller instruments it again
-until a user removes the mark. A Warning event, the
+or never become ready (`workload_health.Thresholds`), the workload goes back to its
+un-instrumented pod template in one conflict-safe write that also marks it
+(`operator.lumigo.io/instrumentation-reverted`, saying what was observed): neither the webhook
+nor the controller instruments it again until a user removes the mark. A Warning event, the
 Lumigo's `status.revertedResources` and `lumigo_instrumentation_reverts_total` tell about it.
 
 Never reverted: a workload that was not healthy before (`healthy-before-instrumentation: false`),
@@ -27,7 +27,7 @@ from prometheus_client import Counter
 
 from api import constants
 from api.marks import ROLLING_KINDS, is_reverted, set_annotations
-from controller.lumigo import health
+from controller.lumigo import workload_health
 from controller.lumigo.instrumentation import (
     ROLLOUT_MARKS_CLEARED,
     Target,
@@ -40,8 +40,9 @@ from controller.lumigo.rollouts import (
     our_annotation,
 )
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import PODS, ApiError
 from controller.runtime.selectors import selector_string
+from kube.kinds import PODS
+from kube.rest import ApiError
 from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.revert")
@@ -77,8 +78,8 @@ class PodReader:
         pods, _ = self.client.list(PODS, namespace, label_selector=selector)
         return pods
 
-    def healthy(self, obj: Mapping[str, Any], thresholds: health.Thresholds) -> bool:
-        return health.is_healthy(self.pods_of(obj), thresholds)
+    def healthy(self, obj: Mapping[str, Any], thresholds: workload_health.Thresholds) -> bool:
+        return workload_health.is_healthy(self.pods_of(obj), thresholds)
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Reverter:
     client: KubeClient
     recorder: Any  # injection_events.EventRecorder
     component: str
-    thresholds: health.Thresholds = field(default_factory=health.Thresholds)
+    thresholds: workload_health.Thresholds = field(default_factory=workload_health.Thresholds)
     window: float = 600.0  # seconds after instrumenting during which new pods are watched
     clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
 
@@ -113,7 +114,7 @@ class Reverter:
             obj = self.client.get(target.resource, target.name, target.namespace)
             if not (is_our_revision(obj) and is_labelled_instrumented(obj)):
                 return None
-            problem = health.new_pods_problem(
+            problem = workload_health.new_pods_problem(
                 PodReader(self.client).pods_of(obj), self.thresholds, self.clock()
             )
         except ApiError as err:

@@ -22,7 +22,7 @@ from controller.lumigo import removal
 from controller.lumigo.instrumentation import InstrumentationIncomplete, Instrumenter
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import ApiError
+from kube.rest import ApiError
 from webhook.injection_events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER
 
 log = logging.getLogger("lumigo.uninstall")

@@ -45,7 +45,8 @@ from typing import Any
 from prometheus_client import Counter
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import EVENTS, ApiError, Resource
+from kube.kinds import EVENTS
+from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.events")
 

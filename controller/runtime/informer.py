@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.runtime.kube import KubeClient, WatchStream
-from controller.runtime.resources import ApiError, Resource
 from controller.runtime.store import ObjectKey, Store, key_of
-from kube.rest import EventHandler  # one definition for watchers of both layers
+from kube.rest import (
+    ApiError,
+    EventHandler,  # one definition for watchers of both layers
+    Resource,
+)
 
 log = logging.getLogger("lumigo.informer")
 

@@ -26,7 +26,7 @@ import requests
 import tenacity
 
 from controller.runtime.metrics import REST_LATENCY, REST_REQUESTS
-from controller.runtime.resources import ApiError, Resource
+from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.kube")
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.metrics import LEADER_STATUS
-from controller.runtime.resources import LEASES, ApiError
+from kube.kinds import LEASES
+from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.leader")
 

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from controller.runtime import metrics
-from controller.runtime.health import Check, CheckFailed, ProbeServer, SecureServing
 from controller.runtime.informer import FuncHandler, Informer, Selection, Transform
 from controller.runtime.kube import KubeClient
 from controller.runtime.leader import LeaderElector, LeaseSettings, default_identity
 from controller.runtime.logs import log_context
+from controller.runtime.probe_server import Check, CheckFailed, ProbeServer, SecureServing
 from controller.runtime.ratelimit import default_controller_rate_limiter
-from controller.runtime.resources import ApiError, Resource
 from controller.runtime.store import ObjectKey, key_of
 from controller.runtime.workqueue import RateLimitingQueue
+from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.manager")
 

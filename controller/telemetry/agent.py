@@ -26,7 +26,6 @@ from typing import Any
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Result
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.runtime.singlekey import single_key_controller
 from controller.telemetry.agent_config import (
     HOST_ROOT_MOUNT,
@@ -48,6 +47,7 @@ from controller.telemetry.proxy_reconciler import (
     config_hash,
     owner_reference,
 )
+from kube.kinds import DAEMONSETS, DEPLOYMENTS, SECRETS
 
 log = logging.getLogger("lumigo.telemetry")
 

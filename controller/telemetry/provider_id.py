@@ -24,8 +24,9 @@ from controller.lumigo.nodes import annotated, node_informer, provider_id, view
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, Result
-from controller.runtime.resources import NODES, ApiError
 from controller.runtime.store import ObjectKey
+from kube.kinds import NODES
+from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.telemetry")
 

@@ -48,10 +48,11 @@ from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, ReconcileError, Result
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
 from controller.runtime.singlekey import single_key_controller, to_key
 from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
 from controller.telemetry.restart import PodRestarter, is_olm_managed
+from kube.kinds import DEPLOYMENTS, NAMESPACES, SECRETS
+from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.telemetry")
 

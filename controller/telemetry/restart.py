@@ -23,8 +23,8 @@ from typing import Any
 
 from api.marks import parse_time
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import PODS
 from controller.runtime.selectors import selector_string
+from kube.kinds import PODS
 
 log = logging.getLogger("lumigo.telemetry")
 

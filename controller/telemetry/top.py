@@ -23,8 +23,8 @@ from decimal import ROUND_CEILING, Decimal, DecimalException
 from typing import Any
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import ApiError
 from kube import quantity
+from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.watchdog")
 

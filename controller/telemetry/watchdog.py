@@ -54,18 +54,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
-    EVENTS,
-    JOBS,
-    PODS,
-    REPLICASETS,
-    SECRETS,
-    ApiError,
-    Resource,
-)
 from controller.telemetry.config import TOP_LEVEL_KINDS
 from controller.telemetry.proxy_reconciler import namespace_uid
 from controller.telemetry.top import TopReader, otlp_metrics
+from kube.kinds import EVENTS, JOBS, PODS, REPLICASETS, SECRETS
+from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.watchdog")
 

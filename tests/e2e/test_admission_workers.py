@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, EVENTS, MUTATING_WEBHOOK_CONFIGURATIONS
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
+
+from controller.runtime.kube import KubeClient
+from kube.kinds import DEPLOYMENTS, EVENTS, MUTATING_WEBHOOK_CONFIGURATIONS
 from tests.support import reviews
 from tests.support.checks import TOKEN, is_active, lumigo_yaml
 from tests.support.lumigo import create_token_secret

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
+
+from controller.runtime.kube import KubeClient
+from kube.kinds import DEPLOYMENTS
 from tests.support.checks import TOKEN, clean, has_event, instrumented, is_active, lumigo_yaml
 from tests.support.checks import status as lumigo_status
 from tests.support.lumigo import create_token_secret

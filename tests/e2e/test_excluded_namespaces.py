@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, SECRETS, ApiError
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from kube.kinds import DEPLOYMENTS, NAMESPACES, SECRETS
+from kube.rest import ApiError
 from tests.support.checks import (
     TOKEN,
     clean,

@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
+from kube.kinds import (
     CRONJOBS,
     DAEMONSETS,
     DEPLOYMENTS,
@@ -23,8 +25,6 @@ from controller.runtime.resources import (
     REPLICASETS,
     STATEFULSETS,
 )
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
 from tests.support.checks import (
     TOKEN,
     clean,

@@ -6,19 +6,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
-    CRONJOBS,
-    DAEMONSETS,
-    DEPLOYMENTS,
-    LEASES,
-    STATEFULSETS,
-    ApiError,
-)
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from kube.kinds import CRONJOBS, DAEMONSETS, DEPLOYMENTS, LEASES, STATEFULSETS
+from kube.rest import ApiError
 from tests.support.checks import (
     TOKEN,
     clean,

@@ -14,10 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, ApiError
 from localcluster import LocalCluster, wait_until
 from localoperator import OperatorProcess
+
+from controller.runtime.kube import KubeClient
+from kube.kinds import DEPLOYMENTS
+from kube.rest import ApiError
 from tests.support.checks import TOKEN, instrumented, is_active, lumigo_yaml, status
 from tests.support.lumigo import create_token_secret
 from tests.support.workloads import pod_spec, workload

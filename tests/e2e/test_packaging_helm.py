@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
 
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS
-from localcluster import LocalCluster, wait_until
+from kube.kinds import DEPLOYMENTS
 from tests.e2e.packaging_support import (
     CHART,
     CRD_NAME,

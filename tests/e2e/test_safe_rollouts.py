@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
 
 from api import constants
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, ApiError
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from kube.kinds import DEPLOYMENTS
+from kube.rest import ApiError
 from tests.support.checks import TOKEN, condition, is_active, lumigo_yaml, status
 from tests.support.lumigo import create_token_secret
 from tests.support.workloads import workload

@@ -16,20 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
-    CRONJOBS,
-    DEPLOYMENTS,
-    EVENTS,
-    JOBS,
-    NAMESPACES,
-    PODS,
-    REPLICASETS,
-    SECRETS,
-)
 from controller.telemetry.config import (
     EVENTS_SCOPE,
     HEARTBEAT_SCOPE,
@@ -39,7 +30,7 @@ from controller.telemetry.config import (
 )
 from controller.telemetry.proxy_reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import LAST_APPLIED, REDACTED, Redaction
-from localcluster import LocalCluster, wait_until
+from kube.kinds import CRONJOBS, DEPLOYMENTS, EVENTS, JOBS, NAMESPACES, PODS, REPLICASETS, SECRETS
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import (
     LogSeen,

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, free_port, wait_until
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
 from controller.telemetry.config import MonitoredNamespace, Origin, render
-from localcluster import LocalCluster, free_port, wait_until
+from kube.kinds import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
 from tests.e2e.injector_helpers import (
     PROGRAMS,
     base_env,

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from localcluster import LocalCluster, wait_until
+from localoperator import OperatorProcess
+
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, STATEFULSETS
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from kube.kinds import DAEMONSETS, DEPLOYMENTS, STATEFULSETS
 from tests.support.checks import (
     TOKEN,
     clean,

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
+from localcluster import free_port, wait_until
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import CRONJOBS, DEPLOYMENTS, REPLICASETS
 from controller.telemetry.agent_config import (
     JOB_KUBE_STATE_METRICS,
     JOB_NODE_EXPORTER,
@@ -30,7 +30,7 @@ from controller.telemetry.agent_config import (
     build_agent,
 )
 from controller.telemetry.config import ProxySettings
-from localcluster import free_port, wait_until
+from kube.kinds import CRONJOBS, DEPLOYMENTS, REPLICASETS
 from tests.support.otel import Collector, OTLPSink, local_settings, running_sink
 from tests.support.workloads import workload
 

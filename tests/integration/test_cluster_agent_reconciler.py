@@ -10,11 +10,11 @@ from typing import Any
 import yaml
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DAEMONSETS, DEPLOYMENTS, SECRETS
 from controller.telemetry.agent import FIELD_MANAGER, AgentTarget, ClusterAgentReconciler
 from controller.telemetry.agent_config import TOKEN_ENV, AgentSettings, LogFileRule, MetricsSettings
 from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION, CONFIG_KEY
+from kube.kinds import DAEMONSETS, DEPLOYMENTS, SECRETS
 from tests.support.workloads import one_container_deployment
 
 PROXY = "lumigo-telemetry-proxy"

@@ -14,7 +14,7 @@ from localcluster import LocalCluster, wait_until
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.events import EventRecorder
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, EVENTS
+from kube.kinds import DEPLOYMENTS, EVENTS
 
 
 def deployment(name: str) -> dict[str, Any]:

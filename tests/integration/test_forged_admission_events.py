@@ -20,7 +20,7 @@ from localcluster import LocalCluster, wait_until
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, EVENTS
+from kube.kinds import DEPLOYMENTS, EVENTS
 from tests.support import reviews
 from webhook.admission_review import parse_review
 from webhook.inject_handler import InjectHandler

@@ -17,8 +17,8 @@ from controller.lumigo.injection_mode import (
 )
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import CONFIGMAPS
 from kube.http.readiness import NotReady
+from kube.kinds import CONFIGMAPS
 
 NAME = "lumigo-injection-mode"
 

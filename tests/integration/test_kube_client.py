@@ -7,10 +7,11 @@ from typing import Any
 
 import pykube
 import pytest
+from localcluster import LocalCluster
 
 from controller.runtime.kube import REST_REQUESTS, KubeClient
-from controller.runtime.resources import CONFIGMAPS, LEASES, ApiError
-from localcluster import LocalCluster
+from kube.kinds import CONFIGMAPS, LEASES
+from kube.rest import ApiError
 
 
 def configmap(name: str, **data: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
 
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
@@ -26,10 +27,9 @@ from controller.runtime.manager import (
     Runnable,
 )
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
-from controller.runtime.resources import CONFIGMAPS, DEPLOYMENTS, REPLICASETS
 from controller.runtime.store import ObjectKey
 from controller.runtime.workqueue import RateLimitingQueue
-from localcluster import LocalCluster, wait_until
+from kube.kinds import CONFIGMAPS, DEPLOYMENTS, REPLICASETS
 
 JSON = dict[str, Any]
 

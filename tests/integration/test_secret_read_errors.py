@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster import LocalCluster, wait_until
 from prometheus_client import REGISTRY
 
 from api import constants
@@ -24,11 +25,11 @@ from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, ReconcileError
-from controller.runtime.resources import DEPLOYMENTS, SECRETS, ApiError
 from controller.runtime.store import ObjectKey
 from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
-from localcluster import LocalCluster, wait_until
+from kube.kinds import DEPLOYMENTS, SECRETS
+from kube.rest import ApiError
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.workloads import workload
 from webhook import pod_injection

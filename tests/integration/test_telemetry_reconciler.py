@@ -17,19 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
+from localcluster import LocalCluster, wait_until
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
-    CONFIGMAPS,
-    DEPLOYMENTS,
-    NAMESPACES,
-    PODS,
-    SECRETS,
-    ApiError,
-)
 from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.proxy_reconciler import (
     CONFIG_HASH_ANNOTATION,
@@ -39,7 +32,8 @@ from controller.telemetry.proxy_reconciler import (
     config_hash,
 )
 from controller.telemetry.restart import OLM_MANAGED_LABEL
-from localcluster import LocalCluster, wait_until
+from kube.kinds import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, SECRETS
+from kube.rest import ApiError
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.workloads import one_container_deployment
 

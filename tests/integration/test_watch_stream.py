@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pykube
+from localcluster import LocalCluster
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import CONFIGMAPS
-from localcluster import LocalCluster
+from kube.kinds import CONFIGMAPS
 from tests.support.tcpproxy import TCPProxy
 
 

@@ -17,16 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
+from localcluster import ROOT, LocalCluster, wait_until
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
-    DEPLOYMENTS,
-    EVENTS,
-    NAMESPACES,
-    PODS,
-    REPLICASETS,
-    SECRETS,
-)
 from controller.telemetry.watchdog import (
     EVENTS_SCOPE,
     SCOPE,
@@ -34,7 +27,7 @@ from controller.telemetry.watchdog import (
     Watchdog,
     WatchdogSettings,
 )
-from localcluster import ROOT, LocalCluster, wait_until
+from kube.kinds import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, REPLICASETS, SECRETS
 from tests.e2e.packaging_support import service_account_kubeconfig
 from tests.support.otel import LogSeen, running_sink
 

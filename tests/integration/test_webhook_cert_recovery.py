@@ -25,15 +25,11 @@ import pytest
 from localcluster import wait_until
 
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import (
-    DEPLOYMENTS,
-    MUTATING_WEBHOOK_CONFIGURATIONS,
-    SECRETS,
-    ApiError,
-)
 from kube import certs
 from kube.http.server import AdmissionServer, ServerOptions
 from kube.http.tls import ServingTLS
+from kube.kinds import DEPLOYMENTS, MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from kube.rest import ApiError
 from tests.support import reviews, standin_handler, workloads
 from tests.support.webhook_cluster import (
     SECRET,

@@ -15,9 +15,9 @@ from prometheus_client import REGISTRY
 
 from controller.runtime.informer import FuncHandler, Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from kube import certs
 from kube.cert_manager import CertWriter, ManagedCert
+from kube.kinds import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from tests.support.webhook_cluster import (
     SECRET,
     SERVING,

@@ -19,11 +19,12 @@ from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import DEPLOYMENTS, EVENTS, ApiError, Resource
 from kube import certs
 from kube.http.routing import Route
 from kube.http.server import AdmissionServer, ServerOptions
 from kube.http.tls import ServingTLS
+from kube.kinds import DEPLOYMENTS, EVENTS
+from kube.rest import ApiError, Resource
 from tests.support import standin_handler, workloads
 from tests.support.webhook_cluster import (
     CertStack,

@@ -9,7 +9,8 @@ from typing import Any
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import EVENTS, Resource
+from kube.kinds import EVENTS
+from kube.rest import Resource
 from tests.support.workloads import init_container_names, pod_spec, workload
 
 TOKEN = "t_123456789012345678901"

@@ -12,7 +12,7 @@ from typing import Any
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import SECRETS
+from kube.kinds import SECRETS
 
 JSON = dict[str, Any]
 

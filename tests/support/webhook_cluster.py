@@ -20,11 +20,11 @@ from controller.operator import cert_writer_controller
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller
-from controller.runtime.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 from kube import certs
 from kube.cert_manager import CertWriter, ManagedCert, SelfSignedCerts
 from kube.http.readiness import NotReady
 from kube.http.tls import ServingTLS
+from kube.kinds import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
 
 SECRET = "lumigo-webhook-certs"
 SERVING = "lumigo-webhook-certs-serving"  # what replicas read: no CA key

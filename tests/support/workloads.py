@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.runtime.resources import (
-    CRONJOBS,
-    DAEMONSETS,
-    DEPLOYMENTS,
-    JOBS,
-    REPLICASETS,
-    STATEFULSETS,
-    Resource,
-)
+from kube.kinds import CRONJOBS, DAEMONSETS, DEPLOYMENTS, JOBS, REPLICASETS, STATEFULSETS
+from kube.rest import Resource
 
 KINDS: tuple[Resource, ...] = (DEPLOYMENTS, DAEMONSETS, REPLICASETS, STATEFULSETS, CRONJOBS, JOBS)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from api import constants
 from api.crd import crd_manifest
 from api.lumigo import InvalidSpecError, dump_spec, load_spec, validate_status
-from kube.rest import SECRETS
+from kube.kinds import SECRETS
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"

@@ -284,9 +284,9 @@ def _text(value: object) -> str:
 def test_component_settings_take_the_same_named_options() -> None:
     """`pick` fills the manager's and the injection's settings from the options of the same
     name: a field renamed on either side would silently keep its default, so check each."""
-    from controller.admission import injection_settings
     from controller.flag_table import pick
     from controller.runtime.manager import ManagerOptions
+    from controller.webhook_serving import injection_settings
 
     opts = RunOptions(
         namespace="ns",

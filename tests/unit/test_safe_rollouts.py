@@ -10,14 +10,14 @@ import pytest
 
 from api import constants
 from api.marks import marks, rollout_complete
-from controller.lumigo import health
+from controller.lumigo import workload_health
 from controller.lumigo.revert import Reverter
 from controller.lumigo.rollouts import Budget, is_rolling_because_of_us, state
 from controller.runtime.selectors import selector_string
 
 JSON = dict[str, Any]
 NOW = dt.datetime(2026, 11, 25, 12, 0, 0, tzinfo=dt.UTC)
-THRESHOLDS = health.Thresholds(restarts=3, unready_after=300)
+THRESHOLDS = workload_health.Thresholds(restarts=3, unready_after=300)
 
 
 def deployment(generation: int = 2, **status: int) -> JSON:
@@ -155,32 +155,36 @@ def pod(
 
 def test_new_pods_that_crash_loop_fail_the_init_container_or_stay_unready_are_broken() -> None:
     later = NOW + dt.timedelta(seconds=301)
-    assert health.new_pods_problem([pod(restarts=3)], THRESHOLDS, NOW) == (
+    assert workload_health.new_pods_problem([pod(restarts=3)], THRESHOLDS, NOW) == (
         "container app of pod web-1 restarted 3 times, last exit code 3, Error"
     )
-    assert health.new_pods_problem([pod(init_exit=1)], THRESHOLDS, NOW) == (
+    assert workload_health.new_pods_problem([pod(init_exit=1)], THRESHOLDS, NOW) == (
         "the lumigo-injector init container of pod web-1 failed (exit code 1)"
     )
-    assert health.new_pods_problem([pod(ready=False)], THRESHOLDS, later) == (
+    assert workload_health.new_pods_problem([pod(ready=False)], THRESHOLDS, later) == (
         "pod web-1 has not been ready for 301 s"
     )
 
 
 def test_new_pods_within_the_thresholds_or_old_pods_are_not_broken() -> None:
-    assert health.new_pods_problem([pod(restarts=2)], THRESHOLDS, NOW) is None
-    assert health.new_pods_problem([pod(ready=False)], THRESHOLDS, NOW) is None
+    assert workload_health.new_pods_problem([pod(restarts=2)], THRESHOLDS, NOW) is None
+    assert workload_health.new_pods_problem([pod(ready=False)], THRESHOLDS, NOW) is None
     # The previous revision's pods (no lumigo-injector) are not ours to judge.
-    assert health.new_pods_problem([pod(restarts=9, injected=False)], THRESHOLDS, NOW) is None
+    assert (
+        workload_health.new_pods_problem([pod(restarts=9, injected=False)], THRESHOLDS, NOW) is None
+    )
     terminating = pod(restarts=9)
     terminating["metadata"]["deletionTimestamp"] = "2026-11-25T12:00:00Z"
-    assert health.new_pods_problem([terminating], THRESHOLDS, NOW) is None
+    assert workload_health.new_pods_problem([terminating], THRESHOLDS, NOW) is None
 
 
 def test_health_before_instrumentation() -> None:
-    assert health.is_healthy([pod(injected=False, restarts=7)], THRESHOLDS)  # old restarts
-    assert health.is_healthy([], THRESHOLDS)
-    assert not health.is_healthy([pod(injected=False, ready=False)], THRESHOLDS)
-    assert not health.is_healthy([pod(injected=False, waiting="CrashLoopBackOff")], THRESHOLDS)
+    assert workload_health.is_healthy([pod(injected=False, restarts=7)], THRESHOLDS)  # old restarts
+    assert workload_health.is_healthy([], THRESHOLDS)
+    assert not workload_health.is_healthy([pod(injected=False, ready=False)], THRESHOLDS)
+    assert not workload_health.is_healthy(
+        [pod(injected=False, waiting="CrashLoopBackOff")], THRESHOLDS
+    )
 
 
 def test_selectors_become_list_queries() -> None:
@@ -221,6 +225,6 @@ def test_a_pod_with_the_autotrace_image_volume_counts_as_instrumented() -> None:
     """Image-volume mode: no init container, our volume is the image."""
     crashing = pod(restarts=3, injected=False)
     crashing["spec"]["volumes"] = [{"name": "lumigo-injector", "image": {"reference": "x:1"}}]
-    assert health.new_pods_problem([crashing], THRESHOLDS, NOW) is not None
+    assert workload_health.new_pods_problem([crashing], THRESHOLDS, NOW) is not None
     crashing["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
-    assert health.new_pods_problem([crashing], THRESHOLDS, NOW) is None
+    assert workload_health.new_pods_problem([crashing], THRESHOLDS, NOW) is None

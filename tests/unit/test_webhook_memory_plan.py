@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from localcluster import wait_until
 
-from controller import admission_workers
+from controller import webhook_workers
 from kube.http import memory
 from kube.http.messages import MAX_BODY_BYTES
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def fake_cgroup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: float, limit: str) -> None:
     (tmp_path / "cpu.max").write_text(f"{int(cpus * 100000)} 100000\n")
     (tmp_path / "memory.max").write_text(limit + "\n")
-    real_path = admission_workers.Path
+    real_path = webhook_workers.Path
 
     def fake_path(*parts: str) -> Path:
         joined = real_path(*parts)
@@ -35,8 +35,8 @@ def fake_cgroup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: float, li
             return tmp_path / "cpu.max"
         return tmp_path / "absent" if str(joined).startswith("/sys/fs/cgroup") else joined
 
-    monkeypatch.setattr(admission_workers, "Path", fake_path)
-    monkeypatch.setattr(admission_workers.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    monkeypatch.setattr(webhook_workers, "Path", fake_path)
+    monkeypatch.setattr(webhook_workers.os, "sched_getaffinity", lambda _pid: set(range(64)))
     monkeypatch.setattr(memory, "_LIMIT_FILES", (str(tmp_path / "memory.max"),))
 
 
@@ -55,7 +55,7 @@ def test_auto_starts_no_more_workers_than_the_memory_limit_holds(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpus: float, limit: str, expected: int
 ) -> None:
     fake_cgroup(monkeypatch, tmp_path, cpus, limit)
-    assert admission_workers.default_worker_count() == expected
+    assert webhook_workers.default_worker_count() == expected
 
 
 def test_the_limit_can_be_given_by_the_environment(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.runtime.health import ProbeServer
+from controller.runtime.probe_server import ProbeServer
 from kube.http.tls import ServingTLS
 from tests.support import reviews
 from tests.support.webhook_server import client_context, new_pki, real_routes, running

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import admission_workers
+from controller import webhook_workers
 from controller.cli import _parser
 from controller.options import run_options
 from kube.http.readiness import NotReady
@@ -51,7 +51,7 @@ def test_auto_follows_the_cgroup_v2_cpu_limit(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cpu_max: str, cpus: int, expected: int
 ) -> None:
     (tmp_path / "cpu.max").write_text(cpu_max)
-    real_path = admission_workers.Path
+    real_path = webhook_workers.Path
 
     def fake_path(*parts: str) -> Path:
         joined = real_path(*parts)
@@ -59,9 +59,9 @@ def test_auto_follows_the_cgroup_v2_cpu_limit(
             return tmp_path / "cpu.max"
         return tmp_path / "absent" if str(joined).startswith("/sys/fs/cgroup") else joined
 
-    monkeypatch.setattr(admission_workers, "Path", fake_path)
-    monkeypatch.setattr(admission_workers.os, "sched_getaffinity", lambda _pid: set(range(cpus)))
-    assert admission_workers.default_worker_count() == expected
+    monkeypatch.setattr(webhook_workers, "Path", fake_path)
+    monkeypatch.setattr(webhook_workers.os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    assert webhook_workers.default_worker_count() == expected
 
 
 def test_auto_follows_the_cgroup_v1_quota(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -69,7 +69,7 @@ def test_auto_follows_the_cgroup_v1_quota(monkeypatch: pytest.MonkeyPatch, tmp_p
     v1.mkdir()
     (v1 / "cpu.cfs_quota_us").write_text("250000\n")
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    real_path = admission_workers.Path
+    real_path = webhook_workers.Path
 
     def fake_path(*parts: str) -> Path:
         joined = real_path(*parts)
@@ -77,24 +77,24 @@ def test_auto_follows_the_cgroup_v1_quota(monkeypatch: pytest.MonkeyPatch, tmp_p
             return v1 / joined.name
         return tmp_path / "absent" if str(joined).startswith("/sys/fs/cgroup") else joined
 
-    monkeypatch.setattr(admission_workers, "Path", fake_path)
-    monkeypatch.setattr(admission_workers.os, "sched_getaffinity", lambda _pid: set(range(8)))
-    assert admission_workers.default_worker_count() == 3  # 2.5 CPUs, rounded up
+    monkeypatch.setattr(webhook_workers, "Path", fake_path)
+    monkeypatch.setattr(webhook_workers.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert webhook_workers.default_worker_count() == 3  # 2.5 CPUs, rounded up
 
 
 def test_metrics_directories_of_managers_that_are_gone_are_removed(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A killed manager leaves its directory in /tmp (an emptyDir that outlives the container)."""
-    monkeypatch.setattr(admission_workers.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(webhook_workers.tempfile, "gettempdir", lambda: str(tmp_path))
     prefix = "lumigo-webhook-metrics-"
-    ours = tmp_path / f"{prefix}{admission_workers._process_identity()}-abc"
+    ours = tmp_path / f"{prefix}{webhook_workers._process_identity()}-abc"
     reused_pid = tmp_path / f"{prefix}{os.getpid()}.1-def"  # our pid, another start time
     dead = tmp_path / f"{prefix}999999999.5-ghi"
     unrelated = tmp_path / "something-else"
     for path in (ours, reused_pid, dead, unrelated):
         path.mkdir()
-    admission_workers._remove_stale_metrics_dirs()
+    webhook_workers._remove_stale_metrics_dirs()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([ours.name, unrelated.name])
 
 
@@ -122,7 +122,7 @@ def test_a_worker_freezes_its_start_up_heap_once_ready_before_it_says_so() -> No
             raise NotReady("the Lumigo cache has not synced yet")
 
     manager = _Manager()
-    readiness = admission_workers.Readiness(check, manager)  # type: ignore[arg-type]
+    readiness = webhook_workers.Readiness(check, manager)  # type: ignore[arg-type]
     try:
         readiness.report()
         assert manager.told == [("ready", (False, "the Lumigo cache has not synced yet"))]

@@ -1,7 +1,7 @@
 """The admission side of a process: its Lumigo cache, handlers, certificate source and server.
 
 Assembled in the manager process (`--webhook-workers=0`) or in each admission worker process
-(`controller.admission_workers`), from the same parts either way; `add_admission` serves them
+(`controller.webhook_workers`), from the same parts either way; `add_admission` serves them
 from `lumigo-operator run` (one Deployment) or `lumigo-operator webhook` (a Deployment of its
 own, under an identity that may read Lumigo objects and the serving Secret, post Events and
 get workloads, nothing else: see `controller.webhook_command`).
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import constants
-from controller.admission_workers import AdmissionWorkers, default_worker_count
 from controller.flag_table import pick
 from controller.lumigo.injection_mode import AutoInjectionMode, PublishedInjectionMode
 from controller.lumigo.nodes import node_informer
@@ -27,17 +26,14 @@ from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, Runnable
-from controller.runtime.resources import (
-    CONFIGMAPS,
-    MUTATING_WEBHOOK_CONFIGURATIONS,
-    SECRETS,
-    Resource,
-)
+from controller.webhook_workers import AdmissionWorkers, default_worker_count
 from kube.cert_manager import FileCerts, ManagedCert, SelfSignedCerts
 from kube.certs import CertPolicy
 from kube.http.readiness import NotReady
 from kube.http.server import AdmissionServer, ServerOptions
 from kube.http.tls import ServingTLS
+from kube.kinds import CONFIGMAPS, MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from kube.rest import Resource
 from webhook import injection_events
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler

@@ -17,7 +17,7 @@ from typing import Final
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from controller.runtime.resources import ApiError
+from kube.rest import ApiError
 from webhook.lumigo_defaulter import ALREADY_EXISTS
 
 log = logging.getLogger("lumigo.admission-probe")

@@ -494,7 +494,10 @@ def serve_admissions(
     opts: RunOptions, index: int, listener: socket.socket, conn: Connection
 ) -> None:
     """A worker's main: the admission side of the operator, on the manager's socket."""
-    from controller.admission import (  # noqa: PLC0415 - the worker's own imports
+    from controller.runtime.kube import KubeClient  # noqa: PLC0415
+    from controller.runtime.logs import setup_logging  # noqa: PLC0415
+    from controller.runtime.manager import Manager, ManagerOptions, Runnable  # noqa: PLC0415
+    from controller.webhook_serving import (  # noqa: PLC0415 - the worker's own imports
         add_admission_server,
         add_certificates,
         add_injection_mode,
@@ -502,9 +505,6 @@ def serve_admissions(
         inject_handler,
         lumigo_informer,
     )
-    from controller.runtime.kube import KubeClient  # noqa: PLC0415
-    from controller.runtime.logs import setup_logging  # noqa: PLC0415
-    from controller.runtime.manager import Manager, ManagerOptions, Runnable  # noqa: PLC0415
 
     setup_logging(opts.log_level)
     client = KubeClient.from_env(opts.kubeconfig, user_agent=constants.USER_AGENT)
