@@ -11,9 +11,10 @@ Whoever would instrument it, a workload is left alone, in this order, when it is
 - `job-immutable`: an existing Job (an UPDATE in the webhook, any Job in the controller): the pod
   template of a Job cannot change once created, so a patch would make the write fail.
 
-The namespace's side (is there a Lumigo, is it in effect, is injection enabled) is the caller's,
-and so is the workload's `lumigo.auto-trace` label; each caller applies the answer at the step of
-its own order where it matters (the webhook documents its steps in `webhook.inject_handler`).
+The reasons are the webhook's metric reason tokens. The namespace's side (is there a Lumigo, is
+it in effect, is injection enabled) is the caller's, and so is the workload's `lumigo.auto-trace`
+label; each caller applies the answer at the step of its own order where it matters (the webhook
+documents its steps in `webhook.inject_handler`, the controller's are `controller.lumigo.plan`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def refusal(obj: Mapping[str, Any], kind: str, *, exists: bool) -> Refusal | Non
         return "reverted"
     if objects.is_deployment_owned(obj, kind):
         return "deployment-owned"
-    if kind == "Job" and exists:
+    if template_is_immutable(kind, exists=exists):
         return "job-immutable"
     return None
+
+
+def template_is_immutable(kind: str, *, exists: bool) -> bool:
+    """The pod template cannot change: an existing Job's (neither added nor removed)."""
+    return kind == "Job" and exists

@@ -53,7 +53,7 @@ from typing import Any, Final, Protocol
 
 from prometheus_client import Counter
 
-from api import constants, marks
+from api import constants, eligibility, marks, objects
 from api.effective import governing, in_effect
 from api.lumigo import load_spec
 from kube.http.routing import BadRequest
@@ -95,9 +95,6 @@ NOT_ACTIVE: Final = (
 CANNOT_INJECT: Final = "cannot inject Lumigo tracing in the pod spec {error}"
 LIST_FAILED: Final = "cannot retrieve Lumigo instances in namespace {namespace}: {error}"
 BEING_DELETED: Final = "The resource is being deleted; resource will not be mutated"
-JOB_IMMUTABLE: Final = (
-    "the PodSpec of batchv1.Job resources is immutable once the job has been created"
-)
 REVERTED: Final = (
     "Lumigo reverted the instrumentation of this workload because its pods failed; remove the"
     f" annotation {constants.ANNOTATION_REVERTED} to try again"
@@ -142,6 +139,7 @@ class _Subject:
     namespace: str
     name: str
     label: str | None  # its lumigo.auto-trace label
+    refusal: eligibility.Refusal | None  # why it is not to be instrumented (`api.eligibility`)
 
     @property
     def had_instrumentation(self) -> bool:
@@ -186,13 +184,13 @@ class InjectHandler:
         except InvalidObjectError as err:
             # kind and apiVersion are a supported pair here (checked above), not free text.
             raise BadRequest(f"cannot decode the {kind.api_version} {kind.kind}: {err}") from None
-        meta = _metadata(obj)
         subject = _Subject(
             request,
             obj,
-            namespace=request.namespace or str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or request.name),
+            namespace=request.namespace or objects.namespace(obj),
+            name=objects.name(obj) or request.name,
             label=pod_injection.auto_trace_label(obj),
+            refusal=eligibility.refusal(obj, kind.kind, exists=request.operation == "UPDATE"),
         )
         try:
             decision = self._decide(subject)
@@ -212,8 +210,8 @@ class InjectHandler:
     # -- gating ----------------------------------------------------------------------------------
     def _decide(self, subject: _Subject) -> _Decision:
         request, namespace = subject.request, subject.namespace
-        if _metadata(subject.obj).get("deletionTimestamp"):
-            return _Decision(allow(request, BEING_DELETED), "skipped", "being-deleted")
+        if subject.refusal == eligibility.BEING_DELETED:
+            return _Decision(allow(request, BEING_DELETED), "skipped", subject.refusal)
         try:
             lumigoes = list(self.lumigoes.list(namespace))
         except Exception as err:
@@ -243,7 +241,7 @@ class InjectHandler:
                 # so new workloads must not get it either.
                 message = NOT_ACTIVE.format(namespace=namespace)
                 return _Decision(allow(request, message), "skipped", "not-active")
-            meta = _metadata(lumigo)
+            meta = objects.metadata(lumigo)
             source = _Source(
                 "lumigo", str(meta.get("namespace", namespace)), str(meta.get("name", "")), spec
             )
@@ -253,8 +251,8 @@ class InjectHandler:
                 "skipped",
                 "skip-next-injector",
             )
-        if marks.is_reverted(subject.obj):
-            return _Decision(allow(request, REVERTED), "skipped", "reverted")
+        if subject.refusal == eligibility.REVERTED:
+            return _Decision(allow(request, REVERTED), "skipped", subject.refusal)
         return self._inject(subject, source)
 
     # -- removal on opt-out ----------------------------------------------------------------------
@@ -264,13 +262,13 @@ class InjectHandler:
         """The patch that removes our instrumentation from a workload just labelled `false`, or
         None when there is nothing to remove (or it cannot be: a Job's template is immutable)."""
         request, kind = subject.request, subject.request.kind.kind
-        if kind == "Job":
+        if eligibility.template_is_immutable(kind, exists=True):
             return None
         ops = diff(subject.obj, pod_injection.remove(subject.obj, kind))
         if not ops:
             return None
         lumigo = governing(lumigoes)
-        meta = _metadata(lumigo) if lumigo is not None else {}
+        meta = objects.metadata(lumigo or {})
         trigger = injection_events.webhook_trigger(
             str(meta.get("namespace", subject.namespace)), str(meta.get("name", subject.name))
         )
@@ -309,15 +307,15 @@ class InjectHandler:
                 source.trigger_namespace, source.trigger_name, cannot_add=True
             )
             self._record(subject, injection_events.WARNING, "add", trigger, evicted_by_copy)
-            if kind == "Job" and request.operation == "UPDATE":
+            if subject.refusal == eligibility.JOB_IMMUTABLE:
                 ops = []  # immutable pod template: left as it is
             return _Decision(patched(request, ops), "skipped", "ephemeral-storage")
         if not ops:
             reason = pod_injection.skip_reason(subject.obj, kind) or "already-instrumented"
             return _Decision(patched(request, []), "unchanged", reason)
-        if kind == "Job" and request.operation == "UPDATE":
-            message = CANNOT_INJECT.format(error=JOB_IMMUTABLE)
-            return _Decision(allow(request, message), "skipped", "job-immutable")
+        if subject.refusal == eligibility.JOB_IMMUTABLE:
+            message = CANNOT_INJECT.format(error=eligibility.JOB_IMMUTABLE_MESSAGE)
+            return _Decision(allow(request, message), "skipped", eligibility.JOB_IMMUTABLE)
         if _is_retry_after_revert(request, kind):
             # The user removed the revert mark: watch this new revision like the first time.
             old = request.old_object or {}
@@ -345,7 +343,7 @@ class InjectHandler:
         if source.reason == "lumigo":
             settings = self._settings_for_spec(source.lumigo_spec)
         else:
-            settings = settings_from_labels(self.settings, _metadata(obj).get("labels") or {})
+            settings = settings_from_labels(self.settings, objects.labels_of(obj))
         if self.injection_mode is not None:
             mode = self.injection_mode()
             if mode != settings.injection_mode:
@@ -387,7 +385,7 @@ class InjectHandler:
 
     def _event(self, subject: _Subject, type_: str, reason: str, message: str) -> None:
         metadata: JSON = {"name": subject.name, "namespace": subject.namespace}
-        uid = _metadata(subject.obj).get("uid")
+        uid = objects.metadata(subject.obj).get("uid")
         if isinstance(uid, str) and uid:
             metadata["uid"] = uid
         involved = {
@@ -448,11 +446,6 @@ def _injection_disabled(spec: Any) -> bool:
     for key in ("tracing", "injection"):
         node = node.get(key) if isinstance(node, Mapping) else None
     return isinstance(node, Mapping) and node.get("enabled") is False
-
-
-def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
 
 
 def _without_label(obj: JSON) -> JSON:

@@ -10,7 +10,7 @@ Public interface:
     injected = inject(workload, settings)   # a new dict; == workload when nothing had to change
     cleaned  = remove(workload)             # a new dict; everything of ours gone (a user's
                                             # `lumigo.auto-trace=false` stays: it is theirs)
-    is_instrumented(workload), pod_template_path(kind), is_deployment_owned(workload),
+    is_instrumented(workload), pod_template_path(kind),
     skip_reason(workload), auto_trace_label(workload), validate(workload)
 
 Errors: `InvalidObjectError` (the dict is not a well-formed workload of its kind), `OptedOutError`
@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from api import constants
+from api import constants, eligibility, objects
 from api.lumigo import LumigoSpec
 from kube.http.messages import quote
 from kube.jsonpatch import copy_json, equal, same
@@ -265,15 +265,9 @@ def pod_template_path(kind: str) -> tuple[str, ...]:
     return _CRONJOB_TEMPLATE if kind == "CronJob" else _TEMPLATE
 
 
-def _labels(holder: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = holder.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
-
-
 def auto_trace_label(obj: Mapping[str, Any]) -> str | None:
     """The top-level `lumigo.auto-trace` label, or None."""
-    value = _labels(obj).get(constants.LABEL_AUTO_TRACE)
+    value: object = objects.labels_of(obj).get(constants.LABEL_AUTO_TRACE)
     return value if isinstance(value, str) else None
 
 
@@ -281,25 +275,11 @@ def is_opted_out(obj: Mapping[str, Any]) -> bool:
     return (auto_trace_label(obj) or "").lower() == constants.AUTO_TRACE_FALSE
 
 
-def is_deployment_owned(obj: Mapping[str, Any]) -> bool:
-    """A ReplicaSet owned by an apps/v1 Deployment: its Deployment is instrumented instead."""
-    if obj.get("kind") != "ReplicaSet":
-        return False
-    meta = obj.get("metadata")
-    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
-    return any(
-        isinstance(ref, Mapping)
-        and ref.get("apiVersion") == "apps/v1"
-        and ref.get("kind") == "Deployment"
-        for ref in refs or []
-    )
-
-
 def skip_reason(obj: Mapping[str, Any], kind: str | None = None) -> str | None:
     """Why `inject` leaves a (valid) workload untouched by design, as a short token, or None."""
     kind = _kind(obj, kind)
-    if kind == "ReplicaSet" and is_deployment_owned({**obj, "kind": kind}):
-        return "deployment-owned"
+    if objects.is_deployment_owned(obj, kind):
+        return eligibility.DEPLOYMENT_OWNED
     pod_spec = _get(obj, (*pod_template_path(kind), "spec"))
     os_spec = pod_spec.get("os") if isinstance(pod_spec, Mapping) else None
     if isinstance(os_spec, Mapping) and os_spec.get("name") == "windows":
@@ -682,7 +662,7 @@ def remove(obj: Mapping[str, Any], kind: str | None = None) -> JSON:
     kind = _kind(obj, kind)
     validate(obj, kind)
     result: JSON = copy_json(obj)
-    if kind == "ReplicaSet" and is_deployment_owned({**result, "kind": kind}):
+    if objects.is_deployment_owned(result, kind):
         return result
     template = _get(result, pod_template_path(kind))
     pod_spec = template["spec"]

@@ -17,14 +17,13 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final, Protocol
 
 from api import constants, objects
-from api.eligibility import JOB_IMMUTABLE_MESSAGE
+from api.eligibility import JOB_IMMUTABLE_MESSAGE, template_is_immutable
 from api.marks import ROLLING_KINDS, is_reverted, marks, rollout_complete, set_annotations
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
 from kube import jsonpatch
-from kube.kinds import JOBS
 from kube.rest import ApiError, Resource
 from webhook import injection_events, pod_injection
 
@@ -96,7 +95,7 @@ OPTED_OUT_INSTRUMENTED: Final = "lumigoOptedOutInstrumented"
 def opted_out_state(obj: JSON) -> JSON:
     """The projection extra (`metadata_projection(opted_out_state)`); computed for workloads
     labelled `false` only, so the cost stays off every other workload event."""
-    if not pod_injection.is_opted_out(obj) or pod_injection.is_deployment_owned(obj):
+    if not pod_injection.is_opted_out(obj) or objects.is_deployment_owned(obj):
         return {}
     try:
         return {OPTED_OUT_INSTRUMENTED: pod_injection.is_instrumented(obj)}
@@ -143,7 +142,7 @@ class Instrumenter:
         trigger: str,
         current: JSON | None = None,
     ) -> Outcome:
-        if target.resource is JOBS:
+        if template_is_immutable(target.resource.kind, exists=True):
             return self._job_is_immutable(target, "add", trigger)
 
         def change(obj: JSON) -> JSON | None:
@@ -180,7 +179,7 @@ class Instrumenter:
         return outcome
 
     def uninstrument(self, target: Target, trigger: str, component: str | None = None) -> Outcome:
-        if target.resource is JOBS:
+        if template_is_immutable(target.resource.kind, exists=True):
             return self._job_is_immutable(target, "remove", trigger, component)
 
         def change(obj: JSON) -> JSON | None:

@@ -91,7 +91,7 @@ def opted_out_to_clean(workloads: Iterable[tuple[str, Mapping[str, Any]]]) -> li
         (
             Target.of(obj)
             for kind, obj in workloads
-            if kind != "Job"
+            if not eligibility.template_is_immutable(kind, exists=True)
             and is_opted_out_but_instrumented(dict(obj))
             and not objects.is_being_deleted(obj)
         ),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from api import constants
+from api import constants, objects
 from api.effective import is_active
 from api.lumigo import InvalidSpecError, load_spec
 from controller.lumigo import monitored
@@ -30,7 +30,6 @@ from controller.runtime.kube import KubeClient
 from kube.kinds import JOBS
 from kube.rest import ApiError
 from webhook import injection_events
-from webhook.pod_injection import is_deployment_owned
 
 JSON = dict[str, Any]
 PASSES = 3  # the webhook may inject a new workload while we remove: look again, bounded
@@ -105,7 +104,7 @@ def labelled_targets(client: KubeClient, namespace: str | None = None) -> Labell
     for resource in WORKLOADS:
         items, _ = client.list(resource, namespace, label_selector=constants.LABEL_AUTO_TRACE)
         for obj in items:
-            if is_deployment_owned(obj):
+            if objects.is_deployment_owned(obj):
                 continue
             if is_labelled_instrumented(obj):
                 instrumented.append(Target.of(obj))

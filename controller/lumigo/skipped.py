@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from api import constants
+from api import constants, objects
 from webhook import pod_injection, storage
 
 JSON = dict[str, Any]
@@ -24,7 +24,7 @@ STORAGE_PROBLEM: Final = "lumigoEphemeralStorageProblem"
 def storage_state(obj: JSON) -> JSON:
     """The projection extra (`metadata_projection`): the storage problem of the workload's pod
     template in the init-container mode, if any."""
-    if pod_injection.is_deployment_owned(obj):
+    if objects.is_deployment_owned(obj):
         return {}
     try:
         kind = str(obj.get("kind") or "")

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import api
-from api import constants
+from api import constants, objects
 from api.lumigo import load_spec
 from kube.jsonpatch import apply, diff, equal
 from webhook import pod_injection
@@ -149,14 +149,14 @@ def test_replicasets_owned_by_a_deployment_are_left_to_their_deployment() -> Non
     obj["metadata"]["ownerReferences"] = [
         {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d", "uid": "u", "controller": True}
     ]
-    assert pod_injection.is_deployment_owned(obj)
+    assert objects.is_deployment_owned(obj)
     assert pod_injection.skip_reason(obj) == "deployment-owned"
     assert inject(obj, SETTINGS) == obj
     owned_injected = inject(workload("ReplicaSet", simple_template()), SETTINGS)
     owned_injected["metadata"]["ownerReferences"] = obj["metadata"]["ownerReferences"]
     assert remove(owned_injected) == owned_injected  # the reference skips them both ways
     standalone = workload("ReplicaSet", simple_template())
-    assert not pod_injection.is_deployment_owned(standalone)
+    assert not objects.is_deployment_owned(standalone)
     assert inject(standalone, SETTINGS) != standalone
 
 
