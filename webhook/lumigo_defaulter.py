@@ -5,7 +5,8 @@ Wiring:
     handler = MutateHandler(lumigoes=lumigo_informer.store)   # inject_handler.LumigoLister
     response = handler.handle(request)
 
-Behaviour (reference §2; failurePolicy Fail, so a denial is what the user sees):
+Behaviour (the reference operator's defaulter's; failurePolicy Fail, so a denial is what the
+user sees):
 - DELETE, and kinds other than operator.lumigo.io/v1alpha1 Lumigo: allowed.
 - CREATE when a Lumigo already exists in the namespace: denied, "There is already an instance of
   operator.lumigo.io/v1alpha1.Lumigo in the '<ns>' namespace".
