@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from api import constants, objects
+from api import constants
+from kube import objects
 
 L = TypeVar("L", bound=Mapping[str, Any])
 

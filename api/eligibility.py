@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from api import marks, objects
+from api import marks
+from kube import objects
 
 Refusal = Literal["being-deleted", "reverted", "deployment-owned", "job-immutable"]
 

@@ -11,12 +11,42 @@ import re
 import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import marshmallow
 from marshmallow import EXCLUDE, Schema, fields, post_load
 
 from api import constants
+from kube.objects import ObjectMeta
+
+# --- the resource as the API server returns it (the spec is `load_spec`'s) -------------------
+
+
+class Condition(TypedDict, total=False):
+    type: str
+    status: str
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+class LumigoStatus(TypedDict, total=False):
+    conditions: list[Condition]
+    instrumentedResources: list[dict[str, str]]
+    revertedResources: list[dict[str, str]]
+    skippedResources: list[dict[str, str]]
+    rollouts: dict[str, int]
+
+
+class Lumigo(TypedDict, total=False):
+    """A `Lumigo` resource as the API server returns it (the spec is `api.lumigo.load_spec`'s)."""
+
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: dict[str, Any]
+    status: LumigoStatus
 
 
 class InvalidSpecError(ValueError):

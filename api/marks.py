@@ -14,7 +14,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any, Final
 
-from api import constants, objects
+from api import constants
+from kube import objects
 
 JSON = dict[str, Any]
 

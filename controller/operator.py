@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from api import constants, marks, objects
+from api import constants, marks
 from api.lumigo import LumigoSpec
 from controller.flag_table import pick
 from controller.lumigo import rollouts
@@ -48,6 +48,7 @@ from controller.webhook_serving import (
     lumigo_informer,
     managed_cert,
 )
+from kube import objects
 from kube.cert_manager import CertWriter
 from webhook import injection_events
 from webhook.pod_injection import InjectionSettings

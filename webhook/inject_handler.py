@@ -53,9 +53,10 @@ from typing import Any, Final, Protocol
 
 from prometheus_client import Counter
 
-from api import constants, eligibility, marks, objects
+from api import constants, eligibility, marks
 from api.effective import governing, in_effect
 from api.lumigo import load_spec
+from kube import objects
 from kube.http.routing import BadRequest
 from kube.jsonpatch import diff
 from webhook import injection_events, pod_injection

@@ -16,14 +16,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final, Protocol
 
-from api import constants, objects
+from api import constants
 from api.eligibility import JOB_IMMUTABLE_MESSAGE, template_is_immutable
 from api.marks import ROLLING_KINDS, is_reverted, marks, rollout_complete, set_annotations
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
-from kube import jsonpatch
+from kube import jsonpatch, objects
 from kube.rest import ApiError, Resource
 from webhook import injection_events, pod_injection
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from api import constants, objects
+from api import constants
 from api.effective import governing
 from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
 from api.marks import ROLLING_KINDS, is_reverted
@@ -63,6 +63,7 @@ from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import ReconcileError, Result
 from controller.runtime.store import ObjectKey
+from kube import objects
 from kube.kinds import SECRETS
 from kube.rest import ApiError
 from webhook import injection_events, pod_injection

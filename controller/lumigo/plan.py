@@ -19,11 +19,12 @@ from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from api import constants, eligibility, objects
+from api import constants, eligibility
 from api.marks import ROLLING_KINDS
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import Target, is_opted_out_but_instrumented, target_order
 from controller.lumigo.rollouts import Budget
+from kube import objects
 
 W = TypeVar("W", bound=Mapping[str, Any])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from api import constants, objects
+from api import constants
 from api.effective import is_active
 from api.lumigo import InvalidSpecError, load_spec
 from controller.lumigo import monitored
@@ -27,6 +27,7 @@ from controller.lumigo.instrumentation import (
 )
 from controller.lumigo.resources import LUMIGOES, WORKLOADS
 from controller.runtime.kube import KubeClient
+from kube import objects
 from kube.kinds import JOBS
 from kube.rest import ApiError
 from webhook import injection_events

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from api import constants, objects
+from api import constants
 from api.marks import ROLLING_KINDS, STATE, as_int, parse_time, rollout_complete
+from kube import objects
 
 JSON = dict[str, Any]
 

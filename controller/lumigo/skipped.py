@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from api import constants, objects
+from api import constants
+from kube import objects
 from webhook import pod_injection, storage
 
 JSON = dict[str, Any]

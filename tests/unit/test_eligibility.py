@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from api import constants, eligibility, objects
+from api import constants, eligibility
 from api.marks import STATE, is_reverted
+from kube import objects
 
 JSON = dict[str, Any]
 DEPLOYMENT_OWNER = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u"}

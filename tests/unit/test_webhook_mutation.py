@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import api
-from api import constants, objects
+from api import constants
 from api.lumigo import load_spec
+from kube import objects
 from kube.jsonpatch import apply, diff, equal
 from webhook import pod_injection
 from webhook.pod_injection import (

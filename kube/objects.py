@@ -1,4 +1,4 @@
-"""Typed views of the Kubernetes objects the operator reads, and the one accessor for each field.
+"""Typed views of Kubernetes objects, and the one accessor for each metadata field.
 
 Objects travel as the JSON the API server sends (plain dicts). The TypedDicts below name the
 fields the operator reads or writes, so that `mypy --strict` checks the shapes where code builds
@@ -7,6 +7,7 @@ defensively: an admission request carries what a user wrote, and a cached object
 metadata projection, so a field of the wrong type reads as absent instead of raising.
 
 Every module reads metadata through these functions (no `obj.get("metadata") or {}` elsewhere).
+The `Lumigo` resource's shape is `api.lumigo.Lumigo`.
 """
 
 from __future__ import annotations
@@ -70,33 +71,6 @@ class PodSpec(TypedDict, total=False):
 class PodTemplate(TypedDict, total=False):
     metadata: ObjectMeta
     spec: PodSpec
-
-
-class Condition(TypedDict, total=False):
-    type: str
-    status: str
-    reason: str
-    message: str
-    lastTransitionTime: str
-    observedGeneration: int
-
-
-class LumigoStatus(TypedDict, total=False):
-    conditions: list[Condition]
-    instrumentedResources: list[dict[str, str]]
-    revertedResources: list[dict[str, str]]
-    skippedResources: list[dict[str, str]]
-    rollouts: dict[str, int]
-
-
-class Lumigo(TypedDict, total=False):
-    """A `Lumigo` resource as the API server returns it (the spec is `api.lumigo.load_spec`'s)."""
-
-    apiVersion: str
-    kind: str
-    metadata: ObjectMeta
-    spec: dict[str, Any]
-    status: LumigoStatus
 
 
 # --- accessors ----------------------------------------------------------------------------------
