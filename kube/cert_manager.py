@@ -52,7 +52,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.x509.verification import VerificationError
 
-from kube import certs
+from kube import certs, objects
 from kube.http.readiness import NotReady
 from kube.http.server_metrics import CERTIFICATE_EXPIRY
 from kube.http.tls import InvalidKeyPair, ServingTLS
@@ -71,7 +71,7 @@ def utcnow() -> dt.datetime:
 
 
 def _identity(obj: JSON) -> tuple[str, str, str]:
-    meta = obj.get("metadata") or {}
+    meta = objects.metadata(obj)
     return str(obj.get("kind", "")), str(meta.get("namespace") or ""), str(meta.get("name", ""))
 
 
@@ -222,7 +222,7 @@ class CertWriter:
             self._recover(secret, configs, str(err), now)
             return None
         self._last_good = current
-        annotations = secret.get("metadata", {}).get("annotations") or {}
+        annotations = objects.annotations_of(secret)
         marker = annotations.get(certs.PUBLISHED_ANNOTATION)
         published_at = certs.parse_published(marker, current.bundle_id)
         newly_published = False

@@ -38,6 +38,7 @@ class ObjectMeta(TypedDict, total=False):
     annotations: dict[str, str]
     finalizers: list[str]
     ownerReferences: list[OwnerReference]
+    managedFields: list[dict[str, Any]]
 
 
 class EnvVar(TypedDict, total=False):

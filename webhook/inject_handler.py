@@ -321,7 +321,7 @@ class InjectHandler:
             # The user removed the revert mark: watch this new revision like the first time.
             old = request.old_object or {}
             healthy = marks.rollout_complete({**old, "kind": kind})
-            retry = {**mutated, "metadata": dict(mutated.get("metadata") or {})}
+            retry = {**mutated, "metadata": dict(objects.metadata(mutated))}
             marks.set_annotations(retry, marks.marks(subject.obj, self.clock(), healthy))
             ops = diff(subject.obj, retry)
         action = "update" if subject.had_instrumentation else "add"

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from api import constants
 from api.lumigo import InvalidSpecError, dump_spec, load_spec
+from kube import objects
 from kube.http.routing import BadRequest
 from kube.jsonpatch import diff
 from webhook.admission_review import (
@@ -81,7 +82,7 @@ class MutateHandler:
         ):
             return allow(request, NOT_A_LUMIGO)
         obj = request.object or {}
-        meta = obj.get("metadata", {})
+        meta = objects.metadata(obj)
         if not isinstance(meta, Mapping):
             raise BadRequest("cannot decode the Lumigo resource: metadata must be an object")
         namespace = request.namespace or str(meta.get("namespace") or "")

@@ -453,7 +453,7 @@ def container_selection(obj: Mapping[str, Any], kind: str | None = None) -> cont
     """Which containers of the (valid) workload to trace, by its per-container annotations."""
     pod_spec = _get(obj, (*pod_template_path(_kind(obj, kind)), "spec"))
     names = [str(c.get("name")) for c in (pod_spec or {}).get("containers") or []]
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    annotations = objects.annotations_of(obj)
     return containers.select(annotations, names)
 
 

@@ -26,6 +26,7 @@ from api import constants
 from controller.lumigo.nodes import node_info
 from controller.runtime.informer import FuncHandler, Informer
 from controller.runtime.kube import KubeClient
+from kube import objects
 from kube.http.readiness import NotReady
 from kube.kinds import CONFIGMAPS, PODS
 from kube.rest import ApiError
@@ -49,7 +50,7 @@ def _version(text: str) -> tuple[int, int] | None:
 def node_problem(node: JSON) -> str | None:
     """Why this Node cannot mount an image volume with a subPath; None if it can."""
     info = node_info(node)
-    name = (node.get("metadata") or {}).get("name", "?")
+    name = objects.metadata(node).get("name", "?")
     kubelet = str(info.get("kubeletVersion") or "")
     kubelet_version = _version(kubelet)
     if kubelet_version is None or kubelet_version < MIN_KUBELET:

@@ -14,6 +14,7 @@ from typing import Any
 
 from api import constants
 from controller.runtime.kube import KubeClient
+from kube import objects
 from kube.kinds import NAMESPACES
 from kube.rest import ApiError
 
@@ -22,7 +23,7 @@ VALUE = "true"
 
 
 def is_marked(namespace: JSON | None) -> bool:
-    labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
+    labels = objects.labels_of(namespace or {})
     return labels.get(constants.LABEL_MONITORED) == VALUE
 
 
@@ -39,7 +40,7 @@ def mark(client: KubeClient, name: str) -> bool:
 def unmark(client: KubeClient, name: str) -> bool:
     """Remove the label (a namespace already gone is fine); True if this changed it."""
     namespace = client.get_or_none(NAMESPACES, name)
-    labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
+    labels = objects.labels_of(namespace or {})
     if constants.LABEL_MONITORED not in labels:
         return False
     try:

@@ -12,6 +12,7 @@ from typing import Any
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.manager import Manager
+from kube import objects
 from kube.kinds import NODES
 
 JSON = dict[str, Any]
@@ -22,7 +23,7 @@ def provider_id(node: JSON | None) -> str | None:
 
 
 def annotated(node: JSON | None) -> str | None:
-    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    annotations = objects.annotations_of(node or {})
     value = annotations.get(ANNOTATION_PROVIDER_ID)
     return str(value) if value is not None else None
 
@@ -59,7 +60,7 @@ def view(node: JSON | None) -> JSON | None:
     """A cached projection as a Node-shaped object (annotations back under metadata)."""
     if node is None:
         return None
-    meta = {**(node.get("metadata") or {}), "annotations": node.get("annotations") or {}}
+    meta = {**objects.metadata(node), "annotations": node.get("annotations") or {}}
     return {"metadata": meta, "spec": node.get("spec") or {}, "status": node.get("status") or {}}
 
 

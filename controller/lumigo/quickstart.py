@@ -30,6 +30,7 @@ from typing import Any, Final
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from kube import objects
 from kube.kinds import NAMESPACES
 from kube.rest import ApiError
 
@@ -104,7 +105,7 @@ def _setting(index: int, entry: Any) -> Setting:
 
 def is_ours(lumigo: dict[str, Any], release: str) -> bool:
     """Created by this release's quick start (now, or as a Helm hook by an older chart)."""
-    meta = lumigo.get("metadata") or {}
+    meta = objects.metadata(lumigo)
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
     if annotations.get(ANNOTATION_RELEASE) == release:

@@ -41,6 +41,7 @@ from controller.lumigo.rollouts import (
 )
 from controller.runtime.kube import KubeClient
 from controller.runtime.selectors import selector_string
+from kube import objects
 from kube.kinds import PODS
 from kube.rest import ApiError
 from webhook import injection_events, pod_injection
@@ -74,7 +75,7 @@ class PodReader:
         selector = selector_string((obj.get("spec") or {}).get("selector"))
         if selector is None:
             return []
-        namespace = (obj.get("metadata") or {}).get("namespace", "")
+        namespace = objects.metadata(obj).get("namespace", "")
         pods, _ = self.client.list(PODS, namespace, label_selector=selector)
         return pods
 

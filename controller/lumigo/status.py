@@ -17,6 +17,7 @@ from typing import Any
 
 from api import constants
 from api.lumigo import SecretRef
+from kube import objects
 
 JSON = dict[str, Any]
 
@@ -197,7 +198,7 @@ def active_updates(problem: str | None, reason: str) -> list[ConditionUpdate]:
 
 def instrumented_reference(obj: JSON) -> JSON:
     """The status entry of one instrumented workload (a core ObjectReference)."""
-    meta = obj.get("metadata") or {}
+    meta = objects.metadata(obj)
     return {
         "apiVersion": obj.get("apiVersion", ""),
         "kind": obj.get("kind", ""),

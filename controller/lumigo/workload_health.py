@@ -14,6 +14,7 @@ from typing import Any
 
 from api import constants
 from api.marks import parse_time
+from kube import objects
 
 JSON = dict[str, Any]
 
@@ -35,7 +36,7 @@ def is_instrumented_pod(pod: Mapping[str, Any]) -> bool:
 
 
 def _live(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    return [p for p in pods if not objects.metadata(p).get("deletionTimestamp")]
 
 
 def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -64,7 +65,7 @@ def _ready_since(pod: Mapping[str, Any]) -> tuple[bool, dt.datetime | None]:
 
 def pod_problem(pod: Mapping[str, Any], thresholds: Thresholds, now: dt.datetime) -> str | None:
     """What is wrong with one pod, in words for an event; None if nothing (yet)."""
-    name = (pod.get("metadata") or {}).get("name", "?")
+    name = objects.metadata(pod).get("name", "?")
     status = pod.get("status") or {}
     for init in status.get("initContainerStatuses") or []:
         if init.get("name") != constants.INJECTOR_INIT_CONTAINER:

@@ -45,6 +45,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from controller.runtime.kube import KubeClient
+from kube import objects
 from kube.kinds import EVENTS
 from kube.rest import ApiError, Resource
 
@@ -169,7 +170,7 @@ def _now() -> str:
 
 
 def object_reference(obj: JSON) -> JSON:
-    meta = obj.get("metadata") or {}
+    meta = objects.metadata(obj)
     ref = {
         "apiVersion": obj.get("apiVersion", ""),
         "kind": obj.get("kind", ""),
@@ -439,7 +440,7 @@ class EventRecorder:
             if obj is not None and not self._is_named(pending, obj):
                 obj = None
         if obj is not None:
-            meta = obj.get("metadata") or {}
+            meta = objects.metadata(obj)
             involved["uid"] = meta.get("uid", "")
             involved["resourceVersion"] = meta.get("resourceVersion", "")
             return True
@@ -457,7 +458,7 @@ class EventRecorder:
         a uid (a CREATE's object has none yet), one created no earlier than the request."""
         if not pending.verify:
             return True
-        meta = obj.get("metadata") or {}
+        meta = objects.metadata(obj)
         uid = pending.involved.get("uid")
         if uid:
             return bool(meta.get("uid") == uid)

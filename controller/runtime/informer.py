@@ -15,12 +15,13 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.runtime.kube import KubeClient, WatchStream
 from controller.runtime.store import ObjectKey, Store, key_of
+from kube import objects
 from kube.rest import (
     ApiError,
     EventHandler,  # one definition for watchers of both layers
@@ -97,7 +98,7 @@ def metadata_projection(extra: Callable[[JSON], JSON] | None = None) -> Transfor
     intern = sys.intern
 
     def project(obj: JSON) -> JSON:
-        meta = obj.get("metadata") or {}
+        meta: Mapping[str, Any] = objects.metadata(obj)
         kept: JSON = {k: meta[k] for k in _KEPT_METADATA if k in meta}
         if "namespace" in kept:
             kept["namespace"] = intern(kept["namespace"])
@@ -291,7 +292,7 @@ class Informer:
         for kind, raw in stream:
             if self._stop.is_set():
                 return
-            rv = str((raw.get("metadata") or {}).get("resourceVersion", ""))
+            rv = str(objects.metadata(raw).get("resourceVersion", ""))
             if kind == "BOOKMARK":
                 self._resource_version = rv or self._resource_version
                 continue
@@ -327,4 +328,4 @@ class Informer:
 
 
 def _rv(obj: JSON) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+    return str(objects.metadata(obj).get("resourceVersion", ""))

@@ -26,6 +26,7 @@ import requests
 import tenacity
 
 from controller.runtime.metrics import REST_LATENCY, REST_REQUESTS
+from kube import objects
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.kube")
@@ -272,7 +273,7 @@ class KubeClient:
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", kind)
                 items.append(transform(item) if transform else item)
-            meta = page.get("metadata") or {}
+            meta = objects.metadata(page)
             token = meta.get("continue")
             if not token:
                 return items, str(meta.get("resourceVersion", ""))

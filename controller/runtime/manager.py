@@ -30,6 +30,7 @@ from controller.runtime.probe_server import Check, CheckFailed, ProbeServer, Sec
 from controller.runtime.ratelimit import default_controller_rate_limiter
 from controller.runtime.store import ObjectKey, key_of
 from controller.runtime.workqueue import RateLimitingQueue
+from kube import objects
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.manager")
@@ -112,9 +113,9 @@ class Controller:
         group, kind = owner.group, owner.kind
 
         def owners(obj: JSON) -> list[ObjectKey]:
-            namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+            namespace = str(objects.metadata(obj).get("namespace") or "")
             keys = []
-            for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+            for ref in objects.metadata(obj).get("ownerReferences") or []:
                 if only_controller and not ref.get("controller"):
                     continue
                 ref_group = str(ref.get("apiVersion", "")).rpartition("/")[0]

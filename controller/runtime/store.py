@@ -12,6 +12,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from kube import objects
+
 JSON = dict[str, Any]
 JSONList = list[JSON]  # an alias: `list` is shadowed by methods named list in classes
 ABSENT = "\x00absent"  # index value for objects without the indexed label
@@ -32,7 +34,7 @@ StrList = list[str]
 
 
 def key_of(obj: JSON) -> ObjectKey:
-    meta = obj.get("metadata") or {}
+    meta = objects.metadata(obj)
     return ObjectKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 
 
@@ -117,12 +119,12 @@ class Store:
     # -- indexes ----------------------------------------------------------------------------------
     def _index(self, key: ObjectKey, obj: JSON) -> None:
         self._by_namespace[key.namespace].add(key)
-        labels = (obj.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels_of(obj)
         for label in self._labels:
             self._by_label[label][labels.get(label, ABSENT)].add(key)
 
     def _unindex(self, key: ObjectKey, obj: JSON) -> None:
         self._by_namespace[key.namespace].discard(key)
-        labels = (obj.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels_of(obj)
         for label in self._labels:
             self._by_label[label][labels.get(label, ABSENT)].discard(key)

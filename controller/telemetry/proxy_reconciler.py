@@ -51,6 +51,7 @@ from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.singlekey import single_key_controller, to_key
 from controller.telemetry.config import MonitoredNamespace, ProxySettings, render
 from controller.telemetry.restart import PodRestarter, is_olm_managed
+from kube import objects
 from kube.kinds import DEPLOYMENTS, NAMESPACES, SECRETS
 from kube.rest import ApiError
 
@@ -161,7 +162,7 @@ def fit(
 
 def _relevance(obj: JSON) -> tuple[Any, ...]:
     """What of a Lumigo the configuration depends on (status timestamps are not)."""
-    meta = obj.get("metadata") or {}
+    meta = objects.metadata(obj)
     spec = obj.get("spec") or {}
     return (
         is_active(obj),
@@ -273,7 +274,7 @@ class TelemetryProxyReconciler:
         events. A failed Secret read raises: it says nothing about the token."""
         by_namespace: dict[str, list[JSON]] = {}
         for obj in self.lumigoes.store.list():
-            namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+            namespace = str(objects.metadata(obj).get("namespace", ""))
             by_namespace.setdefault(namespace, []).append(obj)
 
         out: list[MonitoredNamespace] = []
@@ -297,7 +298,7 @@ class TelemetryProxyReconciler:
             if problem is not None or token is None:
                 reasons[namespace] = problem or "no valid token"
                 continue
-            lumigo_uid = str((lumigo.get("metadata") or {}).get("uid", ""))
+            lumigo_uid = str(objects.metadata(lumigo).get("uid", ""))
             uid = self._namespace_uids.get(lumigo_uid) or self._read_namespace_uid(namespace)
             if uid and lumigo_uid:
                 uids[lumigo_uid] = uid  # never "" (not there yet): read it again next time
@@ -316,7 +317,7 @@ class TelemetryProxyReconciler:
         wanted: set[tuple[str, str, str]] = set()
         for informer in self.workloads.values():
             for obj in informer.store.list():
-                meta = obj.get("metadata") or {}
+                meta = objects.metadata(obj)
                 namespace = str(meta.get("namespace", ""))
                 labels = meta.get("labels") or {}
                 if namespace in covered or labels.get(LABEL_AUTO_TRACE, "false") == "false":
@@ -360,7 +361,7 @@ class TelemetryProxyReconciler:
         tenant without a Lumigo (workloads opted in by label) last."""
         created: dict[str, str] = {}
         for obj in self.lumigoes.store.list():
-            meta = obj.get("metadata") or {}
+            meta = objects.metadata(obj)
             namespace = str(meta.get("namespace", ""))
             stamp = str(meta.get("creationTimestamp", ""))
             if stamp and (namespace not in created or stamp < created[namespace]):
@@ -384,7 +385,7 @@ class TelemetryProxyReconciler:
         self._left_out = left
         message = LEFT_OUT_MESSAGE.format(total=len(wanted), limit=self.max_config_bytes)
         for obj in self.lumigoes.store.list():
-            meta = obj.get("metadata") or {}
+            meta = objects.metadata(obj)
             out = str(meta.get("namespace", "")) in left and in_effect(obj)
             current = condition(obj.get("status"), CONDITION_LEFT_OUT)
             if out and (current is None or current.get("status") != "True"):
@@ -396,12 +397,12 @@ class TelemetryProxyReconciler:
                     meta, ConditionUpdate(CONDITION_LEFT_OUT, False, IN_MESSAGE, REASON_IN)
                 )
 
-    def _set_left_out(self, meta: JSON, update: ConditionUpdate) -> None:
+    def _set_left_out(self, meta: objects.ObjectMeta, update: ConditionUpdate) -> None:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
         def mutate(obj: JSON) -> JSON:
             status = obj.setdefault("status", {})
-            generation = int((obj.get("metadata") or {}).get("generation") or 0)
+            generation = int(objects.metadata(obj).get("generation") or 0)
             status["conditions"] = apply_conditions(
                 status.get("conditions") or [], [update], generation, now
             )
@@ -493,7 +494,7 @@ class TelemetryProxyReconciler:
 
 def namespace_uid(client: KubeClient, name: str) -> str:
     namespace = client.get_or_none(NAMESPACES, name)
-    return str(((namespace or {}).get("metadata") or {}).get("uid", ""))
+    return str(objects.metadata(namespace or {}).get("uid", ""))
 
 
 @dataclass
@@ -516,7 +517,7 @@ class ClusterIdentity:
 
 
 def owner_reference(deployment: JSON) -> JSON:
-    meta = deployment.get("metadata") or {}
+    meta = objects.metadata(deployment)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -528,10 +529,10 @@ def owner_reference(deployment: JSON) -> JSON:
 def _opt_in_change(old: JSON | None, new: JSON) -> bool:
     """Workloads that come, go, or change the labels that opt them in and name their token."""
     if old is None:
-        return LABEL_AUTO_TRACE in ((new.get("metadata") or {}).get("labels") or {})
+        return LABEL_AUTO_TRACE in (objects.labels_of(new))
 
     def labels(obj: JSON) -> tuple[Any, ...]:
-        values = (obj.get("metadata") or {}).get("labels") or {}
+        values = objects.labels_of(obj)
         return tuple(values.get(k) for k in (LABEL_AUTO_TRACE, LABEL_TOKEN_SECRET, LABEL_TOKEN_KEY))
 
     return labels(old) != labels(new)

@@ -24,6 +24,7 @@ from typing import Any
 from api.marks import parse_time
 from controller.runtime.kube import KubeClient
 from controller.runtime.selectors import selector_string
+from kube import objects
 from kube.kinds import PODS
 
 log = logging.getLogger("lumigo.telemetry")
@@ -35,13 +36,13 @@ SETTLE = dt.timedelta(seconds=2)
 
 
 def is_olm_managed(deployment: JSON) -> bool:
-    labels = (deployment.get("metadata") or {}).get("labels") or {}
+    labels = objects.labels_of(deployment)
     return labels.get(OLM_MANAGED_LABEL) == "true"
 
 
 def last_write(obj: JSON) -> dt.datetime | None:
     """When the object last changed, by the API server's clock (managedFields times)."""
-    meta = obj.get("metadata") or {}
+    meta = objects.metadata(obj)
     times = [parse_time(entry.get("time")) for entry in meta.get("managedFields") or []]
     times.append(parse_time(meta.get("creationTimestamp")))
     known = [t for t in times if t is not None]
@@ -49,11 +50,11 @@ def last_write(obj: JSON) -> dt.datetime | None:
 
 
 def _created(pod: JSON) -> dt.datetime | None:
-    return parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return parse_time(objects.metadata(pod).get("creationTimestamp"))
 
 
 def _terminating(pod: JSON) -> bool:
-    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return bool(objects.metadata(pod).get("deletionTimestamp"))
 
 
 def _ready(pod: JSON) -> bool:
@@ -79,7 +80,7 @@ class PodRestarter:
         """One step; True while pods still run an older configuration (call again soon)."""
         written = last_write(secret)
         selector = selector_string((deployment.get("spec") or {}).get("selector"))
-        namespace = str((deployment.get("metadata") or {}).get("namespace", ""))
+        namespace = str(objects.metadata(deployment).get("namespace", ""))
         if written is None or selector is None:
             return False
         pods, _ = self.client.list(PODS, namespace, label_selector=selector)

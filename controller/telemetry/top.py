@@ -23,7 +23,7 @@ from decimal import ROUND_CEILING, Decimal, DecimalException
 from typing import Any
 
 from controller.runtime.kube import KubeClient
-from kube import quantity
+from kube import objects, quantity
 from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.watchdog")
@@ -81,7 +81,7 @@ def container_usages(pod_metrics: JSON, limit: int = MAX_CONTAINERS) -> list[Con
     left out, logged)."""
     out: list[ContainerUsage] = []
     for item in pod_metrics.get("items") or []:
-        pod = str((item.get("metadata") or {}).get("name") or "")
+        pod = str(objects.metadata(item).get("name") or "")
         for container in item.get("containers") or []:
             usage = container.get("usage") or {}
             name = str(container.get("name") or "")

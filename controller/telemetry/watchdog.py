@@ -44,7 +44,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
@@ -57,6 +57,7 @@ from controller.runtime.kube import KubeClient
 from controller.telemetry.config import TOP_LEVEL_KINDS
 from controller.telemetry.proxy_reconciler import namespace_uid
 from controller.telemetry.top import TopReader, otlp_metrics
+from kube import objects
 from kube.kinds import EVENTS, JOBS, PODS, REPLICASETS, SECRETS
 from kube.rest import ApiError, Resource
 
@@ -136,7 +137,7 @@ def container_reports(pod: JSON) -> list[JSON]:
 
 
 def pod_report(pod: JSON) -> JSON:
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    meta, status = objects.metadata(pod), pod.get("status") or {}
     labels = meta.get("labels") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
     return {
@@ -184,7 +185,7 @@ def _format_time(when: datetime | None, micro: bool = False) -> str:
 
 
 def event_times(event: JSON) -> dict[str, datetime | None]:
-    meta = event.get("metadata") or {}
+    meta = objects.metadata(event)
     series = event.get("series") or {}
     return {
         key: _parse_time(value)
@@ -205,7 +206,7 @@ def event_time(event: JSON) -> datetime | None:
     return t["eventTime"] or t["lastTimestamp"] or t["firstTimestamp"] or t["creationTimestamp"]
 
 
-def reference(obj: JSON) -> JSON:
+def reference(obj: Mapping[str, Any]) -> JSON:
     """`{apiVersion, kind, name, uid}` of an owner reference or an involvedObject."""
     return {key: str(obj.get(key) or "") for key in ("apiVersion", "kind", "name", "uid")}
 
@@ -216,7 +217,7 @@ def event_body(event: JSON, root_owner: JSON) -> JSON:
     the Event lacks (Events written through events.k8s.io have no first/last timestamp), the
     nearest known time is sent; `source` falls back to the reporting component likewise. Added:
     the Event's name and namespace in `metadata`, and `count`."""
-    meta = event.get("metadata") or {}
+    meta = objects.metadata(event)
     involved = event.get("involvedObject") or {}
     source = event.get("source") or {}
     t = event_times(event)
@@ -264,7 +265,7 @@ def event_record(event: JSON, root_owner: JSON) -> JSON:
         "time_ns": (when - EPOCH) // timedelta(microseconds=1) * 1000 if when else 0,
         "severity_text": kind,
         "severity_number": SEVERITY.get(EVENT_SEVERITY.get(kind.lower(), ""), 0),
-        "event_name": str((event.get("metadata") or {}).get("name") or ""),
+        "event_name": str(objects.metadata(event).get("name") or ""),
         "body": event_body(event, root_owner),
         "attributes": {},
     }
@@ -320,7 +321,7 @@ class OwnerResolver:
                 extra={"object": f"{ref['kind']}/{ref['name']}", "error": str(err)},
             )
             return ref, None
-        meta = obj.get("metadata") or {}
+        meta = objects.metadata(obj)
         uid = str(meta.get("uid") or "")
         if ref["uid"] and uid != ref["uid"]:
             return ref, None  # deleted and made again under the same name: not its owner
