@@ -16,8 +16,7 @@ from typing import Any, Final
 
 from api import constants
 from kube import objects
-
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 ROLLING_KINDS: Final = frozenset({"Deployment", "StatefulSet", "DaemonSet"})
 

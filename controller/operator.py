@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from api import constants, marks
 from api.lumigo import LumigoSpec
@@ -50,12 +49,11 @@ from controller.webhook_serving import (
 )
 from kube import objects
 from kube.cert_manager import CertWriter
+from kube.objects import JSON
 from webhook import injection_events
 from webhook.pod_injection import InjectionSettings
 
 log = logging.getLogger("lumigo.operator")
-
-JSON = dict[str, Any]
 
 
 def _workload_state(obj: JSON) -> JSON:

@@ -14,7 +14,6 @@ import ipaddress
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from api import constants
 from controller.flag_table import pick
@@ -33,14 +32,13 @@ from kube.http.readiness import NotReady
 from kube.http.server import AdmissionServer, ServerOptions
 from kube.http.tls import ServingTLS
 from kube.kinds import CONFIGMAPS, MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS
+from kube.objects import JSON
 from kube.rest import Resource
 from webhook import injection_events
 from webhook.inject_handler import InjectHandler
 from webhook.lumigo_defaulter import MutateHandler
 from webhook.pod_injection import InjectionSettings
 from webhook.routes import admission_routes
-
-JSON = dict[str, Any]
 
 
 class CacheNotSynced(RuntimeError):

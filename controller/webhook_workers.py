@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import REGISTRY, Counter
 from prometheus_client.metrics_core import Metric
@@ -53,11 +52,10 @@ from kube.http.messages import MAX_BODY_BYTES
 from kube.http.readiness import NotReady
 from kube.http.server import ServerOptions, bind
 from kube.http.server_metrics import LATENCY_SECONDS, REQUESTS_IN_FLIGHT, REQUESTS_TOTAL
+from kube.objects import JSON
 from webhook.inject_handler import INJECTIONS_TOTAL
 
 log = logging.getLogger("lumigo.webhook.workers")
-
-JSON = dict[str, Any]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # What workers measure, shown on the manager's /metrics instead of its own (idle) copies.

@@ -57,7 +57,8 @@ from kube.http.readiness import NotReady
 from kube.http.server_metrics import CERTIFICATE_EXPIRY
 from kube.http.tls import InvalidKeyPair, ServingTLS
 from kube.kinds import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS, VALIDATING_WEBHOOK_CONFIGURATIONS
-from kube.rest import JSON, ApiError, KubeAPI, Resource
+from kube.objects import JSON
+from kube.rest import ApiError, KubeAPI, Resource
 
 log = logging.getLogger("lumigo.webhook.certs")
 

@@ -21,14 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from kube.http.messages import Request, RequestHandler, Response, status_response
+from kube.objects import JSON
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.delegated_auth")
-
-JSON = dict[str, Any]
 
 TOKEN_REVIEWS = Resource(
     "authentication.k8s.io/v1", "TokenReview", "tokenreviews", namespaced=False

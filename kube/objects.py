@@ -17,6 +17,10 @@ from typing import Any, TypedDict, cast
 
 # --- shapes -------------------------------------------------------------------------------------
 
+# A JSON object as the API server sends it: for what no shape below describes (yet). Defined here
+# once for every package.
+JSON = dict[str, Any]
+
 
 class OwnerReference(TypedDict, total=False):
     apiVersion: str

@@ -12,7 +12,7 @@ from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import quote
 
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from api.lumigo import load_spec
 from kube import objects
 from kube.http.routing import BadRequest
 from kube.jsonpatch import diff
+from kube.objects import JSON
 from webhook import injection_events, pod_injection
 from webhook.admission_review import AdmissionRequest, AdmissionResponse, allow, patched
 from webhook.pod_injection import InjectionSettings, InvalidObjectError, OptedOutError
@@ -76,8 +77,6 @@ INJECTIONS_TOTAL = Counter(
     "Workload admissions seen by the injector webhook, by outcome and reason.",
     ["namespace", "kind", "result", "reason"],
 )
-
-JSON = dict[str, Any]
 
 NOTHING_ON_DELETE: Final = "Mutating webhooks have nothing to do on deletions"
 NOT_A_WORKLOAD: Final = "The Lumigo Injector webhook does not mutate resources of type {kind}"

@@ -62,10 +62,9 @@ from api.lumigo import LumigoSpec
 from kube import objects
 from kube.http.messages import quote
 from kube.jsonpatch import copy_json, equal, same
+from kube.objects import JSON
 from kube.quantity import parse_quantity, same_quantity
 from webhook import containers, storage
-
-JSON = dict[str, Any]
 
 SUPPORTED_KINDS: Final = {kind: api_version for api_version, kind, _ in constants.WORKLOAD_KINDS}
 _CRONJOB_TEMPLATE: Final = ("spec", "jobTemplate", "spec", "template")

@@ -20,7 +20,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from api import constants
 from controller.lumigo.nodes import node_info
@@ -29,11 +28,10 @@ from controller.runtime.kube import KubeClient
 from kube import objects
 from kube.http.readiness import NotReady
 from kube.kinds import CONFIGMAPS, PODS
+from kube.objects import JSON
 from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.injection")
-
-JSON = dict[str, Any]
 
 MIN_KUBELET = (1, 35)
 MIN_RUNTIME = {"containerd": (2, 2), "cri-o": (1, 33)}

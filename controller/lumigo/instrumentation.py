@@ -24,12 +24,11 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.logs import in_log_context
 from controller.runtime.manager import ReconcileError
 from kube import jsonpatch, objects
+from kube.objects import JSON
 from kube.rest import ApiError, Resource
 from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.instrumentation")
-
-JSON = dict[str, Any]
 
 
 # Removing our instrumentation also drops the rollout annotations of the change that added it.

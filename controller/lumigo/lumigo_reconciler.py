@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from api import constants
 from api.effective import governing
@@ -65,12 +64,12 @@ from controller.runtime.manager import ReconcileError, Result
 from controller.runtime.store import ObjectKey
 from kube import objects
 from kube.kinds import SECRETS
+from kube.objects import JSON
 from kube.rest import ApiError
 from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.controller")
 
-JSON = dict[str, Any]
 BULK_LIST_THRESHOLD = 10
 SettingsFactory = Callable[[LumigoSpec], pod_injection.InjectionSettings]
 

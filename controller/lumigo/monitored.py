@@ -10,15 +10,13 @@ repair path then instruments.
 
 from __future__ import annotations
 
-from typing import Any
-
 from api import constants
 from controller.runtime.kube import KubeClient
 from kube import objects
 from kube.kinds import NAMESPACES
+from kube.objects import JSON
 from kube.rest import ApiError
 
-JSON = dict[str, Any]
 VALUE = "true"
 
 

@@ -7,15 +7,12 @@ container runtime versions: a few hundred bytes per Node, however large the clus
 
 from __future__ import annotations
 
-from typing import Any
-
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.manager import Manager
 from kube import objects
 from kube.kinds import NODES
-
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 
 def provider_id(node: JSON | None) -> str | None:

@@ -11,7 +11,7 @@ Lumigo remains as a visible sign of what is left, and the caller retries or repo
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from api import constants
 from api.effective import is_active
@@ -29,10 +29,10 @@ from controller.lumigo.resources import LUMIGOES, WORKLOADS
 from controller.runtime.kube import KubeClient
 from kube import objects
 from kube.kinds import JOBS
+from kube.objects import JSON
 from kube.rest import ApiError
 from webhook import injection_events
 
-JSON = dict[str, Any]
 PASSES = 3  # the webhook may inject a new workload while we remove: look again, bounded
 
 

@@ -43,12 +43,11 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.selectors import selector_string
 from kube import objects
 from kube.kinds import PODS
+from kube.objects import JSON
 from kube.rest import ApiError
 from webhook import injection_events, pod_injection
 
 log = logging.getLogger("lumigo.revert")
-
-JSON = dict[str, Any]
 
 REVERTS_TOTAL = Counter(
     "lumigo_instrumentation_reverts_total",

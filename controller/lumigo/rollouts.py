@@ -24,8 +24,7 @@ from typing import Any, Final
 from api import constants
 from api.marks import ROLLING_KINDS, STATE, as_int, parse_time, rollout_complete
 from kube import objects
-
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 _OUR_ANNOTATIONS: Final = (
     constants.ANNOTATION_INSTRUMENTED_GENERATION,

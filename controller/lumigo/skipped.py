@@ -9,13 +9,12 @@ in `status.skippedResources` and to say why once with a Warning event.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from api import constants
 from kube import objects
+from kube.objects import JSON
 from webhook import pod_injection, storage
-
-JSON = dict[str, Any]
 
 # Key the workload caches add to the metadata projection of a workload whose pods the payload
 # copy would get evicted (the problem's text).

@@ -13,13 +13,11 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from api import constants
 from api.lumigo import SecretRef
 from kube import objects
-
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 SECRET_ERROR_PREFIX = "invalid Lumigo token secret reference: "
 ACTIVE_MESSAGE = "Lumigo is ready"

@@ -16,18 +16,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from controller.lumigo import removal
 from controller.lumigo.instrumentation import InstrumentationIncomplete, Instrumenter
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from kube.objects import JSON
 from kube.rest import ApiError
 from webhook.injection_events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER
 
 log = logging.getLogger("lumigo.uninstall")
-
-JSON = dict[str, Any]
 
 
 @dataclass

@@ -16,8 +16,6 @@ from api import constants
 from api.marks import parse_time
 from kube import objects
 
-JSON = dict[str, Any]
-
 
 @dataclass(frozen=True)
 class Thresholds:

@@ -47,11 +47,11 @@ from prometheus_client import Counter
 from controller.runtime.kube import KubeClient
 from kube import objects
 from kube.kinds import EVENTS
+from kube.objects import JSON
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.events")
 
-JSON = dict[str, Any]
 Lookup = Callable[[str, str, str], JSON | None]  # (kind, namespace, name) -> cached object
 MAX_MESSAGE = 1024  # bytes: the API server refuses a longer message
 AGGREGATION_WINDOW = 600.0

@@ -22,6 +22,7 @@ from typing import Any
 from controller.runtime.kube import KubeClient, WatchStream
 from controller.runtime.store import ObjectKey, Store, key_of
 from kube import objects
+from kube.objects import JSON
 from kube.rest import (
     ApiError,
     EventHandler,  # one definition for watchers of both layers
@@ -30,7 +31,6 @@ from kube.rest import (
 
 log = logging.getLogger("lumigo.informer")
 
-JSON = dict[str, Any]
 Transform = Callable[[JSON], JSON]
 
 

@@ -27,11 +27,11 @@ import tenacity
 
 from controller.runtime.metrics import REST_LATENCY, REST_REQUESTS
 from kube import objects
+from kube.objects import JSON
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.kube")
 
-JSON = dict[str, Any]
 JSONList = list[JSON]  # an alias: `list` is shadowed by methods named list in classes
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 # What a client says it is unless told (the operator passes its own: api.constants.USER_AGENT).

@@ -19,16 +19,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.metrics import LEADER_STATUS
 from kube.kinds import LEASES
+from kube.objects import JSON
 from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.leader")
-
-JSON = dict[str, Any]
 
 
 def default_identity() -> str:

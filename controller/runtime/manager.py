@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from controller.runtime import metrics
 from controller.runtime.informer import FuncHandler, Informer, Selection, Transform
@@ -31,11 +30,10 @@ from controller.runtime.ratelimit import default_controller_rate_limiter
 from controller.runtime.store import ObjectKey, key_of
 from controller.runtime.workqueue import RateLimitingQueue
 from kube import objects
+from kube.objects import JSON
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.manager")
-
-JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)

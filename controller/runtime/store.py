@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from kube import objects
+from kube.objects import JSON
 
-JSON = dict[str, Any]
 JSONList = list[JSON]  # an alias: `list` is shadowed by methods named list in classes
 ABSENT = "\x00absent"  # index value for objects without the indexed label
 

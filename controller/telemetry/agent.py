@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import logging
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Result
@@ -48,10 +47,9 @@ from controller.telemetry.proxy_reconciler import (
     owner_reference,
 )
 from kube.kinds import DAEMONSETS, DEPLOYMENTS, SECRETS
+from kube.objects import JSON
 
 log = logging.getLogger("lumigo.telemetry")
-
-JSON = dict[str, Any]
 
 FIELD_MANAGER = "lumigo-operator"
 COMPONENT = "cluster-agent"

@@ -58,8 +58,7 @@ from controller.telemetry.config import (
     self_metrics_job,
     self_telemetry,
 )
-
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 DEFAULT_POD_LOGS_DIR = "/var/log/pods"
 # The instrumentation scope of the records read from log files: the name by which the Lumigo

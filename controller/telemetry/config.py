@@ -53,8 +53,7 @@ import yaml
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.telemetry.redaction import Redaction
 from controller.telemetry.redaction import processor as redaction_processor
-
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 DEFAULT_UPSTREAM = "https://ga-otlp.lumigo-tracer-edge.golumigo.com"
 OTLP_HTTP_PORT = 4318

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.lumigo.nodes import annotated, node_informer, provider_id, view
@@ -26,11 +25,10 @@ from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller, Manager, Result
 from controller.runtime.store import ObjectKey
 from kube.kinds import NODES
+from kube.objects import JSON
 from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.telemetry")
-
-JSON = dict[str, Any]
 
 
 @dataclass(eq=False)

@@ -53,11 +53,10 @@ from controller.telemetry.config import MonitoredNamespace, ProxySettings, rende
 from controller.telemetry.restart import PodRestarter, is_olm_managed
 from kube import objects
 from kube.kinds import DEPLOYMENTS, NAMESPACES, SECRETS
+from kube.objects import JSON
 from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.telemetry")
-
-JSON = dict[str, Any]
 
 CONFIG_HASH_ANNOTATION = "operator.lumigo.io/telemetry-config-hash"
 CONFIG_KEY = "config.yaml"

@@ -25,9 +25,8 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
 
-JSON = dict[str, Any]
+from kube.objects import JSON
 
 REDACTED = "[REDACTED]"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"

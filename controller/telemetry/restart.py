@@ -19,17 +19,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from api.marks import parse_time
 from controller.runtime.kube import KubeClient
 from controller.runtime.selectors import selector_string
 from kube import objects
 from kube.kinds import PODS
+from kube.objects import JSON
 
 log = logging.getLogger("lumigo.telemetry")
-
-JSON = dict[str, Any]
 
 OLM_MANAGED_LABEL = "olm.managed"  # set by OLM on every Deployment it installs from a CSV
 SETTLE = dt.timedelta(seconds=2)

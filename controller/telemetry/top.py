@@ -24,11 +24,10 @@ from typing import Any
 
 from controller.runtime.kube import KubeClient
 from kube import objects, quantity
+from kube.objects import JSON
 from kube.rest import ApiError
 
 log = logging.getLogger("lumigo.watchdog")
-
-JSON = dict[str, Any]
 
 # The reference watchdog's meter (its OTLP scope) and its two gauges.
 METER = "lumigo-io/lumigo-kubernetes-operator/watchdog"

@@ -59,11 +59,10 @@ from controller.telemetry.proxy_reconciler import namespace_uid
 from controller.telemetry.top import TopReader, otlp_metrics
 from kube import objects
 from kube.kinds import EVENTS, JOBS, PODS, REPLICASETS, SECRETS
+from kube.objects import JSON
 from kube.rest import ApiError, Resource
 
 log = logging.getLogger("lumigo.watchdog")
-
-JSON = dict[str, Any]
 
 SCOPE = "lumigo-operator.watchdog"  # the pod reports (ours alone)
 EVENTS_SCOPE = "lumigo-operator.k8s-events"  # the Events, as the reference's watchdog sends them
