@@ -23,10 +23,12 @@ from controller.flag_table import (
     option,
     parse_bool,
     parse_collector_duration,
+    parse_duration,
     parse_name_list,
     parse_names,
 )
 from controller.telemetry.agent_config import (
+    DEFAULT_FREQUENCY,
     ESSENTIAL_METRICS,
     KUBE_STATE_METRICS_SELECTOR,
     InvalidLogRuleError,
@@ -37,9 +39,7 @@ from controller.telemetry.redaction import InvalidRedactionError, parse_patterns
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 OLM_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # noqa: S108 - where OLM mounts it
-# How often the cluster agent's kubelet scrapes and the watchdog's passes run by default.
-DEFAULT_FREQUENCY = "15s"
-_FREQUENCY_SECONDS = 15.0
+_FREQUENCY_SECONDS = parse_duration(DEFAULT_FREQUENCY)  # the watchdog's passes
 MAX_WEBHOOK_WORKERS = 64  # admission processes next to the manager, `--webhook-workers`
 
 

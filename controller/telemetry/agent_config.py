@@ -153,6 +153,9 @@ NODE_IP_ENV = "K8S_NODE_IP"
 # Where node-exporter's container has the node's /proc, /sys and / (read-only).
 HOST_ROOT_MOUNT = "/hostfs"
 # The kube-state-metrics pods every agent looks for on its node, and their metrics port's name.
+# How often the kubelets are scraped, and the watchdog's passes (--cluster-metrics-frequency,
+# the watchdog's --interval, --metrics-interval, --top-interval): the one "15s".
+DEFAULT_FREQUENCY = "15s"
 KUBE_STATE_METRICS_SELECTOR = "app.kubernetes.io/name=kube-state-metrics"
 KUBE_STATE_METRICS_PORT = "http-metrics"
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -222,7 +225,7 @@ class MetricsSettings:
     """The kubelet metrics of the node (`clusterCollection.metrics`)."""
 
     enabled: bool = False
-    interval: str = "15s"  # a collector duration
+    interval: str = DEFAULT_FREQUENCY  # a collector duration
     essential_only: bool = False
     essential: tuple[str, ...] = ESSENTIAL_METRICS
     kubelet_port: int = 10250
