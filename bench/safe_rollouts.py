@@ -42,6 +42,8 @@ from tests.node.product import (  # noqa: E402
 from tests.node.test_safe_rollouts import CONFLICT_APP  # noqa: E402
 
 JSON = dict[str, Any]
+ROLLOUT_TIMEOUT = 1800.0  # seconds for every Deployment to roll out instrumented
+REVERT_TIMEOUT = 600.0  # seconds for the failing Deployment to be reverted
 
 
 def apply_lumigo(product: Product, ns: str, budget: int | None = None) -> None:
@@ -83,7 +85,7 @@ def budget_run(product: Product, count: int, budget: int) -> JSON:
     start = time.monotonic()
     apply_lumigo(product, ns, budget)
     most = 0
-    while time.monotonic() - start < 1800:
+    while time.monotonic() - start < ROLLOUT_TIMEOUT:
         items = get_json(product.cluster, "deployments", "-n", ns)["items"]
         rolling = [d for d in items if has_injection(d) and not rolled(d)]
         most = max(most, len(rolling))
@@ -104,7 +106,7 @@ def revert_run(product: Product) -> float:
     rolled_out(product, ns, "conflict")
     start = time.monotonic()
     apply_lumigo(product, ns)
-    while time.monotonic() - start < 600:
+    while time.monotonic() - start < REVERT_TIMEOUT:
         obj = get_json(product.cluster, "deployment", "conflict", "-n", ns)
         if constants.ANNOTATION_REVERTED in (obj["metadata"].get("annotations") or {}):
             break

@@ -36,6 +36,7 @@ from tests.e2e.test_telemetry_events import owned_pod  # noqa: E402
 from tests.support.otel import local_settings, running_collector, running_sink  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "telemetry_events_enricher.json"
+INITIAL_RECORDS = 3  # object records the proxy sends at start, before the Events
 
 
 def cpu_seconds(pid: int) -> float:
@@ -71,7 +72,9 @@ def main() -> int:
                     config, Path(workdir), settings.health_port, cluster.env()
                 ) as proxy:
                     assert proxy.popen is not None
-                    wait_until(lambda: len(sink.logs()) >= 3, 60, "the initial objects")
+                    wait_until(
+                        lambda: len(sink.logs()) >= INITIAL_RECORDS, 60, "the initial objects"
+                    )
                     before = cpu_seconds(proxy.popen.pid)
                     started = time.monotonic()
                     for i in range(args.events):

@@ -33,14 +33,16 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
 
-from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
 from localcluster import running, wait_until  # noqa: E402
+
+from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
 from tests.support.otel import (  # noqa: E402
     OTLPSink,
     export_request,
@@ -82,7 +84,7 @@ class LegitimateTracer:
             name = f"{self.phase}-{i}"
             status = send_traces(self.port, export_request(name), f"LumigoToken {TOKEN}")
             self.statuses[status] += 1
-            if status == 200:
+            if status == HTTPStatus.OK:
                 self.sent.append(name)
             i += 1
             next_at += 1 / self.rate

@@ -74,7 +74,7 @@ def load(port: int, payload: bytes, spans: int, seconds: float, threads: int) ->
             response = conn.getresponse()
             response.read()
             sent += 1
-            if response.status == 200:
+            if response.status == http.client.OK:
                 accepted += spans
             else:
                 rejected += 1

@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ def offered_load(
         done = time.perf_counter()
         latencies.append(done - sent)
         lags.append(done - scheduled)
-        errors += status != 200
+        errors += status != HTTPStatus.OK
         i += 1
     client.close()
     elapsed = time.perf_counter() - start

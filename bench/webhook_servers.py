@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,8 @@ def wsgi_app(environ: dict[str, Any], start_response: StartResponse) -> Iterable
     body = environ["wsgi.input"].read(length)
     status, payload = _answer(environ["PATH_INFO"], body, environ.get("CONTENT_TYPE", ""))
     start_response(
-        f"{status} {'OK' if status == 200 else 'Not Found'}", [("Content-Type", "application/json")]
+        f"{status} {'OK' if status == HTTPStatus.OK else 'Not Found'}",
+        [("Content-Type", "application/json")],
     )
     return [payload]
 

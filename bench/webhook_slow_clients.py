@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +184,7 @@ def fresh_connections(port: int, context: ssl.SSLContext, body: bytes, rate: flo
         finally:
             client.close()
         latencies.append(time.perf_counter() - sent)
-        errors += status != 200
+        errors += status != HTTPStatus.OK
     return {
         "requests": total,
         "errors": errors,

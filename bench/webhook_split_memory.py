@@ -20,19 +20,20 @@ import os
 import ssl
 import sys
 import tempfile
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
 
+from localcluster import LocalCluster, wait_until  # noqa: E402
+from localoperator import OperatorProcess  # noqa: E402
 from webhook_busy_controller import CRD, webhook_ca  # noqa: E402
 from webhook_direct import machine  # noqa: E402
 from webhook_worker_memory import MiB, Target, peak_sampler, pss, workers_of  # noqa: E402
 
 from controller.runtime.kube import KubeClient  # noqa: E402
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from localoperator import OperatorProcess  # noqa: E402
 from tests.support.checks import TOKEN, is_active, lumigo_yaml  # noqa: E402
 from tests.support.lumigo import create_token_secret  # noqa: E402
 from tests.support.webhook_server import max_size_flood  # noqa: E402
@@ -66,7 +67,7 @@ def one(cluster: LocalCluster, kube: KubeClient, tmp: Path, workers: int,
     try:
         manager.start()
         webhook.start()
-        wait_until(lambda: webhook.probe("/readyz")[0] == 200, 120, "the webhook ready")
+        wait_until(lambda: webhook.probe("/readyz")[0] == HTTPStatus.OK, 120, "the webhook ready")
         manager.wait_ready()  # and the API server admits through the webhook
         assert manager.proc is not None
         assert webhook.proc is not None

@@ -38,6 +38,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -703,7 +704,7 @@ class LocalCluster:
         url = f"https://127.0.0.1:{port}{path}"
         try:
             with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
-                return bool(resp.status == 200)
+                return bool(resp.status == HTTPStatus.OK)
         except urllib.error.HTTPError as err:
             # 401/403 still proves the server is up and serving.
             return err.code in (401, 403)

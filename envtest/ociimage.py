@@ -247,7 +247,7 @@ def busybox_image() -> Path:
 
 def main() -> int:
     builders = {"pause": pause_image, "busybox": busybox_image}
-    if len(sys.argv) != 2 or sys.argv[1] not in builders:
+    if len(sys.argv[1:]) != 1 or sys.argv[1] not in builders:
         print(f"usage: {sys.argv[0]} {'|'.join(builders)}", file=sys.stderr)
         return 2
     print(builders[sys.argv[1]]())

@@ -18,6 +18,7 @@ import subprocess
 import urllib.error
 import urllib.request
 import uuid
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -280,7 +281,7 @@ class OperatorProcess:
         def ready() -> bool:
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
-            return self.probe("/readyz")[0] == 200
+            return self.probe("/readyz")[0] == HTTPStatus.OK
 
         try:
             wait_until(ready, timeout, "the operator to be ready")

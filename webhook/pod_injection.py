@@ -170,7 +170,7 @@ class InjectionSettings:
 
     def __post_init__(self) -> None:
         label = self.label_value
-        if len(label) > 63 or not _LABEL_VALUE.fullmatch(label):
+        if len(label) > constants.LABEL_VALUE_MAX_LENGTH or not _LABEL_VALUE.fullmatch(label):
             raise ValueError(
                 f"operator version {self.operator_version!r} does not make a valid label value "
                 f"{label!r} (at most 63 characters: letters, digits, '-', '_', '.')"
@@ -193,12 +193,12 @@ class InjectionSettings:
                 "http:// or https:// URL"
             )
         name, key = self.token_secret_name, self.token_secret_key
-        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        if len(name) > constants.SECRET_NAME_MAX_LENGTH or not _DNS_SUBDOMAIN.fullmatch(name):
             raise ValueError(
                 f"invalid token secret name {name!r}: a Secret name is lower-case letters, "
                 "digits, '-' and '.' (at most 253 characters)"
             )
-        if len(key) > 253 or not _SECRET_KEY.fullmatch(key):
+        if len(key) > constants.SECRET_KEY_MAX_LENGTH or not _SECRET_KEY.fullmatch(key):
             raise ValueError(
                 f"invalid token secret key {key!r}: a Secret key is letters, digits, '-', '_' "
                 "and '.' (at most 253 characters)"
