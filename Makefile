@@ -19,6 +19,9 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check --require-hashes --no-deps -r requirements.lock
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# The repository root on the venv's path (the product is there through -e .): envtest/,
+	@# tests/ and bench/ import each other without a sys.path line in every script.
+	$(VENV)/bin/python -c 'import site, sys; open(site.getsitepackages()[0] + "/lumigo-operator-dev.pth", "w").write(sys.argv[1] + "\n")' $(CURDIR)
 	touch $@
 
 .PHONY: venv

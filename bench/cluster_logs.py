@@ -32,27 +32,26 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+import yaml
 
-import yaml  # noqa: E402
-from localcluster import FAKE_NODE, running, wait_until  # noqa: E402
+from bench import benchkit
+from controller.runtime.kube import KubeClient
+from controller.telemetry.agent_config import AgentSettings, build_agent
+from envtest.cluster import FAKE_NODE, running
+from envtest.process import wait_until
+from kube.kinds import PODS
+from tests.support.otel import Collector, local_settings, running_sink
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.telemetry.agent_config import AgentSettings, build_agent  # noqa: E402
-from kube.kinds import PODS  # noqa: E402
-from tests.support.otel import Collector, local_settings, running_sink  # noqa: E402
+ROOT = benchkit.ROOT
 
-RESULTS = ROOT / "bench" / "results" / "cluster_logs.json"
+RESULTS = benchkit.results_file("cluster_logs")
 NAMESPACE = "bench"
 # A typical application log line (about 120 bytes with the CRI prefix).
 MESSAGE = 'level=info msg="request served" method=GET path=/api/items status=200 ms=3 seq='
@@ -141,8 +140,8 @@ def steady(path: Path, sink: Any, pid: int, rate: int, seconds: float) -> dict[s
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def _arguments() -> argparse.Namespace:
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--rate", type=int, default=2000, help="lines/s of the steady phase")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--backlog", type=int, default=300_000, help="lines of the saturated phase")
@@ -152,7 +151,11 @@ def main() -> int:
         action="store_true",
         help="the agent without its json-body operator (every line stays a string)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = _arguments()
     global JSON_LINES, WITHOUT_JSON_PARSER
     JSON_LINES, WITHOUT_JSON_PARSER = args.json, args.without_json_parser
 
@@ -210,19 +213,15 @@ def main() -> int:
             }
             figures["duplicates"] = sink.logs_received - (base + args.backlog)
     figures["machine"] = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
+        **benchkit.machine(),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
     name = "cluster_logs" + ("_json" if args.json else "")
     name += "_without_json_parser" if args.without_json_parser else ""
     results = RESULTS.with_name(f"{name}.json")
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(figures, indent=2) + "\n")
+    benchkit.save(results, figures)
     for key, value in figures.items():
         print(f"{key:14} {value}")
-    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 

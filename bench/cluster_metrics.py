@@ -15,18 +15,14 @@ attributes, data-point attributes) that arrive in one scrape window, and the met
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
-
-from tests.e2e.packaging_support import CHART  # noqa: E402
-from tests.node.product import (  # noqa: E402
+from bench import benchkit
+from tests.e2e.packaging_support import CHART
+from tests.node.product import (
     OPERATOR_NS,
     RELEASE,
     Product,
@@ -34,7 +30,9 @@ from tests.node.product import (  # noqa: E402
     installed_product,
     wait_for,
 )
-from tests.support.otel import attrs  # noqa: E402
+from tests.support.otel import attrs
+
+ROOT = benchkit.ROOT
 
 JSON = dict[str, Any]
 TOKEN = "t_0123456789abcdef01234"
@@ -117,7 +115,7 @@ def measure(product: Product, values: list[str], window: float) -> JSON:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--pods", type=int, default=10)
     args = parser.parse_args()
     results: JSON = {"pods": args.pods, "frequency_s": FREQUENCY}
@@ -144,8 +142,8 @@ def main() -> int:
     finally:
         generator.close()
     print(json.dumps(results, indent=2))
-    out = ROOT / "bench" / "results" / "cluster_metrics.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out = benchkit.results_file("cluster_metrics")
+    benchkit.save(out, results)
     return 0
 
 

@@ -12,11 +12,8 @@ from one run on one machine. Prints a table and writes bench/results/container_s
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from api import constants
+from bench import benchkit
 from webhook import containers
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "container_selection.json"
+ROOT = benchkit.ROOT
+
+RESULTS = benchkit.results_file("container_selection")
 Select = Callable[[Mapping[str, Any], list[str]], object]
 
 
@@ -75,7 +74,7 @@ def seconds(fn: Select, annotations: dict[str, str], present: list[str], repeats
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--names", type=int, default=40_000)
     parser.add_argument("--containers", type=int, default=3_000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -86,9 +85,7 @@ def main() -> None:
     if args.before:
         versions[f"at {args.before}"] = select_at(args.before)
     machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        **benchkit.machine(),
         "load_avg_1m_at_start": os.getloadavg()[0],
     }
     print(f"{args.names:,} names x {args.containers:,} containers, median of {args.repeats}, "
@@ -101,23 +98,18 @@ def main() -> None:
             elapsed = seconds(fn, given, present, args.repeats)
             results.append({"case": case, "version": version, "seconds": round(elapsed, 6)})
             print(f"{case:<34} {version:<16} {elapsed:>10.4f}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "container_selection",
-                "what": "seconds of webhook.containers.select for one workload",
-                "command": " ".join(["python", *sys.argv]),
-                "names": args.names,
-                "containers": args.containers,
-                "machine": machine,
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    benchkit.save(
+        RESULTS,
+        {
+            "benchmark": "container_selection",
+            "what": "seconds of webhook.containers.select for one workload",
+            "command": " ".join(["python", *sys.argv]),
+            "names": args.names,
+            "containers": args.containers,
+            "machine": machine,
+            "results": results,
+        },
     )
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

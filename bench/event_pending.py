@@ -15,11 +15,8 @@ writes bench/results/event_pending.json.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -30,12 +27,14 @@ from typing import Any
 
 import pykube
 
+from bench import benchkit
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime import events
 from controller.runtime.kube import KubeClient
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results" / "event_pending.json"
+ROOT = benchkit.ROOT
+
+RESULTS = benchkit.results_file("event_pending")
 DEAD = "https://127.0.0.1:1"  # nothing listens: an API call would fail, none is made
 
 
@@ -80,7 +79,7 @@ def run(module: ModuleType, count: int, *, unbounded: bool = False) -> dict[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--events", type=int, nargs="+", default=[1_000, 10_000, 40_000])
     parser.add_argument("--before", metavar="REV", help="also time the recorder at this revision")
     args = parser.parse_args()
@@ -92,9 +91,7 @@ def main() -> None:
     if args.before:
         versions[f"at {args.before}"] = (events_at(args.before), False)
     machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        **benchkit.machine(),
         "load_avg_1m_at_start": os.getloadavg()[0],
     }
     print(f"{machine['cpus']} CPUs, Python {machine['python']}, load average "
@@ -108,22 +105,17 @@ def main() -> None:
             row = (f"{version:<24} {count:>8} {result['seconds']:>10.4f} "
                    f"{result['microseconds_per_event']:>10.1f}")  # fmt: skip
             print(f"{row} {result['waiting_at_end']:>8}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "event_pending",
-                "what": "seconds for the event poster to take N events about objects that never"
-                " appear (set aside, plus one retry scan and one deadline lookup per event)",
-                "command": " ".join(["python", *sys.argv]),
-                "machine": machine,
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    benchkit.save(
+        RESULTS,
+        {
+            "benchmark": "event_pending",
+            "what": "seconds for the event poster to take N events about objects that never"
+            " appear (set aside, plus one retry scan and one deadline lookup per event)",
+            "command": " ".join(["python", *sys.argv]),
+            "machine": machine,
+            "results": results,
+        },
     )
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -9,22 +9,18 @@ the RSS before and after an informer has listed them all.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "hack"))
+from bench import benchkit
+from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from kube.kinds import DEPLOYMENTS, NAMESPACES
 
-from localcluster import LocalCluster  # noqa: E402
-
-from controller.runtime.kube import KubeClient  # noqa: E402
-from kube.kinds import DEPLOYMENTS, NAMESPACES  # noqa: E402
+ROOT = benchkit.ROOT
 
 MEASURE = """
 import gc, json, sys, time
@@ -89,7 +85,7 @@ def deployment(i: int) -> dict[str, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--count", type=int, default=10000)
     parser.add_argument("--namespaces", type=int, default=100)
     args = parser.parse_args()
@@ -126,9 +122,7 @@ def main() -> int:
                 f"{mode:>10}: {data['objects']} objects, RSS +{growth / 2**20:.1f} MiB, "
                 f"{growth / data['objects']:.0f} bytes/object"
             )
-    out_file = ROOT / "bench" / "results" / "informer_memory.json"
-    out_file.write_text(json.dumps({"count": args.count, "results": results}, indent=2) + "\n")
-    print(f"wrote {out_file.relative_to(ROOT)}")
+    benchkit.save("informer_memory", {"count": args.count, "results": results})
     return 0
 
 

@@ -15,12 +15,10 @@ Writes bench/results/injector_startup.json. Needs `make payload`.
 
 from __future__ import annotations
 
-import argparse
 import importlib.machinery
 import importlib.util
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -29,10 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.e2e.injector_helpers import (  # noqa: E402
+from bench import benchkit
+from tests.e2e.injector_helpers import (
     PROGRAMS,
     OtlpReceiver,
     base_env,
@@ -42,8 +38,10 @@ from tests.e2e.injector_helpers import (  # noqa: E402
     webhook_env,
 )
 
+ROOT = benchkit.ROOT
+
 PAYLOAD = ROOT / "build" / "payload"
-RESULTS = ROOT / "bench" / "results" / "injector_startup.json"
+RESULTS = benchkit.results_file("injector_startup")
 
 
 def spawn_once(argv: list[str], env: dict[str, str]) -> float:
@@ -157,7 +155,7 @@ def apps(runs: int, jvm_runs: int, home: Path) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--runs", type=int, default=2000)
     # Start-up times are noisy: the median of many runs.
     parser.add_argument("--app-runs", type=int, default=21)
@@ -170,17 +168,13 @@ def main() -> None:
 
     result = {
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
+            **benchkit.machine(),
         },
         "non_target_bin_true": non_target(args.runs, home),
         "apps_first_response": apps(args.app_runs, args.jvm_runs, home),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.save(RESULTS, result)
     print(json.dumps(result, indent=2))
-    print(f"written to {RESULTS.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -10,20 +10,18 @@ of kubelet + containerd + kube-proxy + CoreDNS after the node has been idle (no 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "hack"))
+from bench import benchkit
+from envtest.cluster import FAKE_NODE, LocalCluster
+from envtest.node import LocalNode
+from envtest.ociimage import BUSYBOX_IMAGE
 
-from localcluster import FAKE_NODE, LocalCluster  # noqa: E402
-from localnode import LocalNode  # noqa: E402
-from ociimage import BUSYBOX_IMAGE  # noqa: E402
+ROOT = benchkit.ROOT
 
 NAMESPACE = "bench"
 POD_START_TIMEOUT = 120.0  # seconds for a plain pod to run before the bench gives up
@@ -59,7 +57,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--pods", type=int, default=20)
     parser.add_argument("--idle", type=float, default=15, help="seconds idle before RSS")
     args = parser.parse_args()
@@ -98,9 +96,9 @@ def main() -> int:
                 | {"total": round(sum(rss.values()) / 1024, 1)},
             }
     print(json.dumps(result, indent=2))
-    out = ROOT / "bench" / "results" / "node_pod_startup.json"
+    out = benchkit.results_file("node_pod_startup")
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.save(out, result)
     return 0
 
 

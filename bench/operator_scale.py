@@ -11,7 +11,6 @@ rss         Operator RSS with W workloads across M monitored namespaces.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -20,23 +19,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "hack"))
-
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from localoperator import OperatorProcess  # noqa: E402
-
-from controller.lumigo.resources import LUMIGOES  # noqa: E402
-from controller.runtime.kube import KubeClient  # noqa: E402
-from kube.kinds import DEPLOYMENTS  # noqa: E402
-from tests.support.checks import TOKEN, lumigo_yaml  # noqa: E402
+from bench import benchkit
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
+from kube.kinds import DEPLOYMENTS
+from tests.support.checks import TOKEN, lumigo_yaml
+from tests.support.lumigo import create_token_secret
+from tests.support.workloads import workload
 
 # No controller-manager runs here, so no rollout ever completes: without a budget the operator's
 # own pace is measured (bench/safe_rollouts.py measures the budget on the real node).
 UNPACED = lumigo_yaml(tracing={"injection": {"maxConcurrentRollouts": 0}})
-from tests.support.lumigo import create_token_secret  # noqa: E402
-from tests.support.workloads import workload  # noqa: E402
+
+ROOT = benchkit.ROOT
 
 CRD = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
 
@@ -162,7 +160,7 @@ def bench_rss(workloads: int, namespaces: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = benchkit.parser(__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     instrument = sub.add_parser("instrument")
     instrument.add_argument("--count", type=int, default=1000)
@@ -174,9 +172,7 @@ def main() -> int:
         result = bench_instrument(args.count)
     else:
         result = bench_rss(args.workloads, args.namespaces)
-    out = ROOT / "bench" / "results" / f"operator_{args.what}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    benchkit.save(f"operator_{args.what}", result)
     return 0
 
 

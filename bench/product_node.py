@@ -25,7 +25,6 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -38,12 +37,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "hack"))
-
-from localcluster import wait_until  # noqa: E402
-from tests.node.product import (  # noqa: E402
+from bench import benchkit
+from envtest.process import wait_until
+from tests.node.product import (
     Product,
     deployment,
     http_get,
@@ -52,6 +48,8 @@ from tests.node.product import (  # noqa: E402
     rolled_out,
     switch_injection_mode,
 )
+
+ROOT = benchkit.ROOT
 
 JSON = dict[str, Any]
 
@@ -239,7 +237,7 @@ def tracer_startup(product: Product, namespace: str, pod: JSON) -> dict[str, flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--deployments", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
@@ -279,8 +277,8 @@ def main() -> int:
     finally:
         generator.close()
     print(json.dumps(results, indent=2))
-    out = ROOT / "bench" / "results" / "product_node.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out = benchkit.results_file("product_node")
+    benchkit.save(out, results)
     return 0
 
 

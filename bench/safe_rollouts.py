@@ -17,29 +17,26 @@ Installs the chart with the images built here (tests/node/product.py), then:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "hack"))
-
-from api import constants  # noqa: E402
-from tests.e2e.packaging_support import get_json  # noqa: E402
-from tests.node.product import (  # noqa: E402
+from api import constants
+from bench import benchkit
+from tests.e2e.packaging_support import get_json
+from tests.node.product import (
     Product,
     deployment,
     installed_product,
     rolled_out,
     wait_defaulter,
 )
-from tests.node.test_safe_rollouts import CONFLICT_APP  # noqa: E402
+from tests.node.test_safe_rollouts import CONFLICT_APP
+
+ROOT = benchkit.ROOT
 
 JSON = dict[str, Any]
 ROLLOUT_TIMEOUT = 1800.0  # seconds for every Deployment to roll out instrumented
@@ -117,7 +114,7 @@ def revert_run(product: Product) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--deployments", type=int, default=20)
     parser.add_argument("--budgets", default="1,3,0")
     parser.add_argument("--reverts", type=int, default=5)
@@ -138,9 +135,9 @@ def main() -> int:
         results["revert_p50_s"] = statistics.median(values)
         print(f"detect + revert: p50 {statistics.median(values):.1f} s, "
               f"min {min(values):.1f} s, max {max(values):.1f} s")  # fmt: skip
-    out = ROOT / "bench" / "results" / "safe_rollouts.json"
+    out = benchkit.results_file("safe_rollouts")
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    benchkit.save(out, results)
     return 0
 
 

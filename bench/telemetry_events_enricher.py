@@ -15,27 +15,25 @@ Prints a table and writes bench/results/telemetry_events_enricher.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+from bench import benchkit
+from controller.runtime.kube import KubeClient
+from controller.telemetry.config import MonitoredNamespace, render
+from envtest.cluster import running
+from envtest.process import wait_until
+from kube.kinds import EVENTS, NAMESPACES, REPLICASETS
+from tests.e2e.test_telemetry_events import owned_pod
+from tests.support.otel import local_settings, running_collector, running_sink
 
-from localcluster import running, wait_until  # noqa: E402
+ROOT = benchkit.ROOT
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
-from kube.kinds import EVENTS, NAMESPACES, REPLICASETS  # noqa: E402
-from tests.e2e.test_telemetry_events import owned_pod  # noqa: E402
-from tests.support.otel import local_settings, running_collector, running_sink  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results" / "telemetry_events_enricher.json"
+RESULTS = benchkit.results_file("telemetry_events_enricher")
 INITIAL_RECORDS = 3  # object records the proxy sends at start, before the Events
 
 
@@ -45,7 +43,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--events", type=int, default=2000)
     args = parser.parse_args()
     rows = []
@@ -122,14 +120,11 @@ def main() -> int:
     figures = {
         "rows": rows,
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
+            **benchkit.machine(),
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    benchkit.save(RESULTS, figures)
     return 0
 
 

@@ -18,31 +18,29 @@ bench/results/telemetry_events_scale_no_enricher.json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
-
-from localcluster import running, wait_until  # noqa: E402
-
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.telemetry.config import MonitoredNamespace, render  # noqa: E402
-from kube.kinds import DEPLOYMENTS  # noqa: E402
-from tests.support.otel import (  # noqa: E402
+from bench import benchkit
+from controller.runtime.kube import KubeClient
+from controller.telemetry.config import MonitoredNamespace, render
+from envtest.cluster import running
+from envtest.process import wait_until
+from kube.kinds import DEPLOYMENTS
+from tests.support.otel import (
     OTLPSink,
     local_settings,
     running_collector,
     running_sink,
 )
 
-RESULTS = ROOT / "bench" / "results" / "telemetry_events_scale.json"
+ROOT = benchkit.ROOT
+
+RESULTS = benchkit.results_file("telemetry_events_scale")
 
 
 def deployment(name: str) -> dict[str, object]:
@@ -66,7 +64,7 @@ def delivering(sink: OTLPSink, wanted: set[str]) -> bool:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--counts", default="0,10,50")
     parser.add_argument("--enricher", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
@@ -126,14 +124,11 @@ def main() -> int:
     figures = {
         "rows": rows,
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
+            **benchkit.machine(),
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
         },
     }
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"wrote {results.relative_to(ROOT)}")
+    benchkit.save(results, figures)
     return 0
 
 

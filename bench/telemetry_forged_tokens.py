@@ -24,10 +24,7 @@ Prints a summary and writes bench/results/telemetry_forged_tokens.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -37,13 +34,11 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
-
-from localcluster import running, wait_until  # noqa: E402
-
-from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
-from tests.support.otel import (  # noqa: E402
+from bench import benchkit
+from controller.telemetry.config import MonitoredNamespace, Origin, render
+from envtest.cluster import running
+from envtest.process import wait_until
+from tests.support.otel import (
     OTLPSink,
     export_request,
     flood_with_forged_tokens,
@@ -53,7 +48,9 @@ from tests.support.otel import (  # noqa: E402
     send_traces,
 )
 
-RESULTS = ROOT / "bench" / "results" / "telemetry_forged_tokens.json"
+ROOT = benchkit.ROOT
+
+RESULTS = benchkit.results_file("telemetry_forged_tokens")
 TOKEN = "t_0123456789abcdef01234"
 
 
@@ -114,7 +111,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--forged", type=int, default=10_000, help="forged-token requests")
     parser.add_argument("--threads", type=int, default=4, help="flooding connections")
     parser.add_argument("--seconds", type=float, default=15.0, help="baseline phase length")
@@ -166,17 +163,13 @@ def main() -> int:
         "proxy_rss_peak_mib": round(rss_peak / 1024, 1),
         "batch_timeout": settings.batch_timeout,
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
+            **benchkit.machine(),
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    benchkit.save(RESULTS, figures)
     for key, value in figures.items():
         print(f"{key:24} {value}")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 
 

@@ -21,11 +21,8 @@ Prints a summary and writes bench/results/telemetry_proxy.json.
 
 from __future__ import annotations
 
-import argparse
 import http.client
-import json
 import os
-import platform
 import sys
 import tempfile
 import threading
@@ -33,22 +30,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
-
-from localcluster import running, wait_until  # noqa: E402
-
-from controller.runtime.kube import KubeClient  # noqa: E402
-from controller.telemetry.config import MonitoredNamespace, Origin, render  # noqa: E402
-from kube.kinds import PODS  # noqa: E402
-from tests.support.otel import (  # noqa: E402
+from bench import benchkit
+from controller.runtime.kube import KubeClient
+from controller.telemetry.config import MonitoredNamespace, Origin, render
+from envtest.cluster import running
+from envtest.process import wait_until
+from kube.kinds import PODS
+from tests.support.otel import (
     export_request,
     local_settings,
     running_collector,
     running_sink,
 )
 
-RESULTS = ROOT / "bench" / "results" / "telemetry_proxy.json"
+ROOT = benchkit.ROOT
+
+RESULTS = benchkit.results_file("telemetry_proxy")
 TOKENS = ("LumigoToken t_0123456789abcdef01234", "LumigoToken t_fedcba9876543210fedcb")
 
 
@@ -93,7 +90,7 @@ def load(port: int, payload: bytes, spans: int, seconds: float, threads: int) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--spans", type=int, default=100, help="spans per request")
@@ -156,17 +153,13 @@ def main() -> int:
             "per": "tenant (its own exporter and queue)",
         },
         "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
+            **benchkit.machine(),
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    benchkit.save(RESULTS, figures)
     for key, value in figures.items():
         print(f"{key:32} {value}")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 
 

@@ -33,46 +33,47 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
+import webhook_servers
+from prometheus_client import REGISTRY
 
-import webhook_servers  # noqa: E402
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from prometheus_client import REGISTRY  # noqa: E402
-
-from api import constants  # noqa: E402
-from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND  # noqa: E402
-from controller.runtime.events import AdmissionEvents, EventRecorder  # noqa: E402
-from controller.runtime.informer import Informer, Selection, metadata_projection  # noqa: E402
-from controller.runtime.kube import KubeClient  # noqa: E402
-from kube import certs  # noqa: E402
-from kube.http.server import AdmissionServer, ServerOptions  # noqa: E402
-from kube.http.tls import ServingTLS  # noqa: E402
-from kube.kinds import DEPLOYMENTS, SECRETS  # noqa: E402
-from tests.conftest import CRD_FILE  # noqa: E402
-from tests.integration.test_webhook_server_apiserver import (  # noqa: E402
+from api import constants
+from bench import benchkit
+from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND
+from controller.runtime.events import AdmissionEvents, EventRecorder
+from controller.runtime.informer import Informer, Selection, metadata_projection
+from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
+from kube import certs
+from kube.http.server import AdmissionServer, ServerOptions
+from kube.http.tls import ServingTLS
+from kube.kinds import DEPLOYMENTS, SECRETS
+from tests.conftest import CRD_FILE
+from tests.integration.test_webhook_server_apiserver import (
     InformerLister,
     lumigo_body,
     make_active,
 )
-from tests.support import reviews, workloads  # noqa: E402
-from tests.support.webhook_cluster import (  # noqa: E402
+from tests.support import reviews, workloads
+from tests.support.webhook_cluster import (
     SECRET,
     cert_stack,
     operator_configuration,
     policy,
     registered,
 )
-from webhook.inject_handler import InjectHandler  # noqa: E402
-from webhook.lumigo_defaulter import MutateHandler  # noqa: E402
-from webhook.pod_injection import InjectionSettings  # noqa: E402
-from webhook.routes import admission_routes  # noqa: E402
+from webhook.inject_handler import InjectHandler
+from webhook.lumigo_defaulter import MutateHandler
+from webhook.pod_injection import InjectionSettings
+from webhook.routes import admission_routes
+
+ROOT = benchkit.ROOT
 
 PATH = "/v1alpha1/inject"
-RESULTS = ROOT / "bench" / "results" / "webhook_apiserver{}.json"
 
 
 class _Discard:
@@ -122,8 +123,8 @@ def timed_create(cluster: LocalCluster, namespace: str, path: Path) -> float:
     return time.perf_counter() - started
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _arguments() -> argparse.Namespace:
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -148,116 +149,36 @@ def main() -> int:
         help="select namespaces by the operator.lumigo.io/monitored label, then time the plain"
         " namespace with no webhook registered",
     )
-    args = parser.parse_args()
-    load_before = os.getloadavg()
-    unregistered: list[float] = []
-    with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
-        kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
-        instrumented, plain = "bench-instrumented", "bench-plain"
-        for ns in (instrumented, plain):
-            cluster.kubectl("create", "namespace", ns)
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{constants.CRD_NAME}"
-        )
-        lumigoes = Informer(kube, Selection(LUMIGOES))
-        lumigoes.start()
-        # As the operator wires it: UIDs of just-created workloads come from the informer cache.
-        deployments = Informer(kube, Selection(DEPLOYMENTS), transform=metadata_projection())
-        deployments.start()
-        recorder = EventRecorder(
-            kube, resources=WORKLOADS_BY_KIND,
-            lookup=lambda kind, ns, name: deployments.get(ns, name) if kind == "Deployment"
-            else None,
-        )  # fmt: skip
-        recorder.start()
-        # Verified before posting, as the operator's admission events are.
-        events: AdmissionEvents | _Discard = (
-            _Discard() if args.no_events else AdmissionEvents(recorder)
-        )
-        lister = InformerLister(lumigoes)
-        routes = admission_routes(
-            InjectHandler(lister, events, InjectionSettings(operator_version="0.1.0")),
-            MutateHandler(lister),
-        )
-        if args.noop:
-            routes[PATH] = _noop
-        tls = ServingTLS()
-        server = AdmissionServer(routes, tls, ServerOptions(host="127.0.0.1", port=0))
-        server.start()
-        try:
-            assert lumigoes.wait_for_sync(60)
-            kube.create(LUMIGOES, lumigo_body(), instrumented)
-            make_active(kube, instrumented, "lumigo")
-            wait_until(
-                lambda: bool(lister.list(instrumented)[0].get("status")), 30, "an Active Lumigo"
-            )
-            url = f"https://127.0.0.1:{server.port}{PATH}"
-            config = operator_configuration("bench-webhook", instrumented, url.rsplit(PATH, 1)[0])
-            if args.label_selector:
-                monitored = {"matchLabels": {constants.LABEL_MONITORED: "true"}}
-                for hook in config["webhooks"]:
-                    hook["namespaceSelector"] = monitored
-                cluster.kubectl("label", "namespace", instrumented,
-                                f"{constants.LABEL_MONITORED}=true")  # fmt: skip
-            with (
-                contextlib.ExitStack() as stack_go,
-                registered(kube, config) as name,
-                cert_stack(kube, policy(instrumented), [name], tls=tls) as stack,
-            ):
-                stack.wait_ready()
-                if args.go:
-                    go_port = stack_go.enter_context(go_webhook(kube, instrumented, Path(tmp)))
-                    go_url = f"https://127.0.0.1:{go_port}{PATH}"
-                    to_go = [{"op": "replace", "path": "/webhooks/0/clientConfig/url",
-                              "value": go_url}]  # fmt: skip
-                    cluster.kubectl("patch", "mutatingwebhookconfiguration", name, "--type=json",
-                                    "-p", json.dumps(to_go))  # fmt: skip
-                probe = workloads.workload(DEPLOYMENTS, "probe")
+    return parser.parse_args()
 
-                def active() -> bool:
-                    before = _served()
-                    created = kube.request(
-                        "POST",
-                        DEPLOYMENTS.path(instrumented),
-                        params={"dryRun": "All"},
-                        body=probe,
-                        retry=False,
-                    )
-                    if args.noop:
-                        return _served() > before
-                    if args.go and _served() > before:
-                        return False  # still ours
-                    return "lumigo-injector" in workloads.init_container_names(created)
 
-                wait_until(active, 60, "the webhook to be active")
-                times: dict[str, list[float]] = {instrumented: [], plain: []}
-                warm = deployments_file(Path(tmp), "warm", 50)
-                for ns in (instrumented, plain):
-                    timed_create(cluster, ns, warm)
-                for r in range(args.rounds):
-                    order = (instrumented, plain) if r % 2 == 0 else (plain, instrumented)
-                    for ns in order:
-                        path = deployments_file(Path(tmp), f"r{r}", args.count)
-                        times[ns].append(timed_create(cluster, ns, path))
-                stored = kube.get(DEPLOYMENTS, "r0-0", instrumented)
-                injected = "lumigo-injector" in workloads.init_container_names(stored)
-                assert injected != args.noop
-                plain_obj = kube.get(DEPLOYMENTS, "r0-0", plain)
-                assert not workloads.init_container_names(plain_obj)
-            if args.label_selector:  # the configuration is gone: no webhook at all now
-                for r in range(args.rounds):
-                    path = deployments_file(Path(tmp), f"u{r}", args.count)
-                    unregistered.append(timed_create(cluster, plain, path))
-            accepted = server.accepted
-            admissions = _served()
-            handler_seconds = REGISTRY.get_sample_value(
-                "controller_runtime_webhook_latency_seconds_sum", {"webhook": PATH}
-            )
-        finally:
-            server.stop()
-            recorder.stop()
-            lumigoes.stop()
+def _admitted(kube: KubeClient, namespace: str, probe: dict[str, Any], args: Any) -> bool:
+    """Whether a dry-run create in `namespace` went through the webhook under test."""
+    before = _served()
+    created = kube.request(
+        "POST", DEPLOYMENTS.path(namespace), params={"dryRun": "All"}, body=probe, retry=False
+    )
+    if args.noop:
+        return _served() > before
+    if args.go and _served() > before:
+        return False  # still ours
+    return "lumigo-injector" in workloads.init_container_names(created)
+
+
+@dataclass(frozen=True)
+class Measured:
+    times: dict[str, list[float]]
+    unregistered: list[float]
+    accepted: int
+    admissions: float
+    handler_seconds: float | None
+
+
+def _report(args: Any, measured: Measured, load_before: tuple[float, float, float]) -> None:
+    instrumented, plain = "bench-instrumented", "bench-plain"
+    times, unregistered = measured.times, measured.unregistered
+    accepted, admissions = measured.accepted, measured.admissions
+    handler_seconds = measured.handler_seconds
     med = {ns: statistics.median(v) for ns, v in times.items()}
     ratio = med[instrumented] / med[plain]
     result: dict[str, Any] = {
@@ -285,9 +206,7 @@ def main() -> int:
         + ("_no_events" if args.no_events else "")
     )
     suffix += "_label_selector" if args.label_selector else ""
-    results = Path(str(RESULTS).format(suffix))
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.save(f"webhook_apiserver{suffix}", result)
     print(
         f"{args.count} Deployments via kubectl, median of {args.rounds}"
         f"{' (no-op webhook)' if args.noop else ''}"
@@ -307,7 +226,137 @@ def main() -> int:
             f" webhook registered: {med[plain]:.2f} s, ratio {med[plain] / bare:.3f}; "
             f"instrumented / no webhook {med[instrumented] / bare:.3f}"
         )
-    print(f"wrote {results.relative_to(ROOT)}")
+
+
+def _select_by_label(cluster: LocalCluster, config: dict[str, Any], namespace: str) -> None:
+    """The webhooks select namespaces by the monitored label, which `namespace` gets."""
+    monitored = {"matchLabels": {constants.LABEL_MONITORED: "true"}}
+    for hook in config["webhooks"]:
+        hook["namespaceSelector"] = monitored
+    cluster.kubectl("label", "namespace", namespace, f"{constants.LABEL_MONITORED}=true")
+
+
+def _call_go_instead(cluster: LocalCluster, configuration: str, go_port: int) -> None:
+    """Point the registered webhook at the Go-equivalent injector."""
+    go_url = f"https://127.0.0.1:{go_port}{PATH}"
+    to_go = [{"op": "replace", "path": "/webhooks/0/clientConfig/url", "value": go_url}]
+    cluster.kubectl(
+        "patch", "mutatingwebhookconfiguration", configuration, "--type=json",
+        "-p", json.dumps(to_go),
+    )  # fmt: skip
+
+
+def _rounds(
+    cluster: LocalCluster, directory: Path, args: Any, namespaces: tuple[str, str]
+) -> dict[str, list[float]]:
+    """Seconds of each round's kubectl create per namespace, alternating which goes first."""
+    instrumented, plain = namespaces
+    times: dict[str, list[float]] = {instrumented: [], plain: []}
+    warm = deployments_file(directory, "warm", 50)
+    for ns in (instrumented, plain):
+        timed_create(cluster, ns, warm)
+    for r in range(args.rounds):
+        order = (instrumented, plain) if r % 2 == 0 else (plain, instrumented)
+        for ns in order:
+            path = deployments_file(directory, f"r{r}", args.count)
+            times[ns].append(timed_create(cluster, ns, path))
+    return times
+
+
+def _check_injected(kube: KubeClient, args: Any, instrumented: str, plain: str) -> None:
+    stored = kube.get(DEPLOYMENTS, "r0-0", instrumented)
+    injected = "lumigo-injector" in workloads.init_container_names(stored)
+    assert injected != args.noop
+    plain_obj = kube.get(DEPLOYMENTS, "r0-0", plain)
+    assert not workloads.init_container_names(plain_obj)
+
+
+def _handlers(
+    kube: KubeClient, args: Any, lister: InformerLister, deployments: Informer
+) -> tuple[EventRecorder, dict[str, Any]]:
+    """The started event recorder and the admission routes, wired as the operator wires them."""
+    recorder = EventRecorder(
+        kube, resources=WORKLOADS_BY_KIND,
+        lookup=lambda kind, ns, name: deployments.get(ns, name) if kind == "Deployment"
+        else None,
+    )  # fmt: skip
+    recorder.start()
+    # Verified before posting, as the operator's admission events are.
+    events: AdmissionEvents | _Discard = _Discard() if args.no_events else AdmissionEvents(recorder)
+    routes = admission_routes(
+        InjectHandler(lister, events, InjectionSettings(operator_version="0.1.0")),
+        MutateHandler(lister),
+    )
+    if args.noop:
+        routes[PATH] = _noop
+    return recorder, routes
+
+
+def main() -> int:
+    args = _arguments()
+    load_before = os.getloadavg()
+    unregistered: list[float] = []
+    with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
+        kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
+        instrumented, plain = "bench-instrumented", "bench-plain"
+        for ns in (instrumented, plain):
+            cluster.kubectl("create", "namespace", ns)
+        cluster.kubectl("apply", "--server-side", "-f", str(CRD_FILE))
+        cluster.kubectl(
+            "wait", "--for=condition=Established", "--timeout=60s", f"crd/{constants.CRD_NAME}"
+        )
+        lumigoes = Informer(kube, Selection(LUMIGOES))
+        lumigoes.start()
+        # As the operator wires it: UIDs of just-created workloads come from the informer cache.
+        deployments = Informer(kube, Selection(DEPLOYMENTS), transform=metadata_projection())
+        deployments.start()
+        lister = InformerLister(lumigoes)
+        recorder, routes = _handlers(kube, args, lister, deployments)
+        tls = ServingTLS()
+        server = AdmissionServer(routes, tls, ServerOptions(host="127.0.0.1", port=0))
+        server.start()
+        try:
+            assert lumigoes.wait_for_sync(60)
+            kube.create(LUMIGOES, lumigo_body(), instrumented)
+            make_active(kube, instrumented, "lumigo")
+            wait_until(
+                lambda: bool(lister.list(instrumented)[0].get("status")), 30, "an Active Lumigo"
+            )
+            url = f"https://127.0.0.1:{server.port}{PATH}"
+            config = operator_configuration("bench-webhook", instrumented, url.rsplit(PATH, 1)[0])
+            if args.label_selector:
+                _select_by_label(cluster, config, instrumented)
+            with (
+                contextlib.ExitStack() as stack_go,
+                registered(kube, config) as name,
+                cert_stack(kube, policy(instrumented), [name], tls=tls) as stack,
+            ):
+                stack.wait_ready()
+                if args.go:
+                    go_port = stack_go.enter_context(go_webhook(kube, instrumented, Path(tmp)))
+                    _call_go_instead(cluster, name, go_port)
+                probe = workloads.workload(DEPLOYMENTS, "probe")
+
+                def active() -> bool:
+                    return _admitted(kube, instrumented, probe, args)
+
+                wait_until(active, 60, "the webhook to be active")
+                times = _rounds(cluster, Path(tmp), args, (instrumented, plain))
+                _check_injected(kube, args, instrumented, plain)
+            if args.label_selector:  # the configuration is gone: no webhook at all now
+                for r in range(args.rounds):
+                    path = deployments_file(Path(tmp), f"u{r}", args.count)
+                    unregistered.append(timed_create(cluster, plain, path))
+            accepted = server.accepted
+            admissions = _served()
+            handler_seconds = REGISTRY.get_sample_value(
+                "controller_runtime_webhook_latency_seconds_sum", {"webhook": PATH}
+            )
+        finally:
+            server.stop()
+            recorder.stop()
+            lumigoes.stop()
+    _report(args, Measured(times, unregistered, accepted, admissions, handler_seconds), load_before)
     return 0
 
 

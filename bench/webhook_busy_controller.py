@@ -28,7 +28,6 @@ import argparse
 import base64
 import contextlib
 import datetime as dt
-import json
 import multiprocessing
 import os
 import queue
@@ -41,24 +40,25 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
+import webhook_servers
+from webhook_direct import LoadOptions, offered_load, saturation
+from webhook_servers import tree_rss_mib
 
-import webhook_servers  # noqa: E402
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from localoperator import OperatorProcess  # noqa: E402
-from webhook_direct import machine, offered_load, saturation  # noqa: E402
-from webhook_servers import tree_rss_mib  # noqa: E402
+from bench import benchkit
+from controller.lumigo.resources import LUMIGOES
+from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
+from kube.kinds import DEPLOYMENTS, MUTATING_WEBHOOK_CONFIGURATIONS
+from tests.support import reviews
+from tests.support.checks import TOKEN, clean, is_active, lumigo_yaml
+from tests.support.lumigo import create_token_secret
+from tests.support.workloads import workload
 
-from controller.lumigo.resources import LUMIGOES  # noqa: E402
-from controller.runtime.kube import KubeClient  # noqa: E402
-from kube.kinds import DEPLOYMENTS, MUTATING_WEBHOOK_CONFIGURATIONS  # noqa: E402
-from tests.support import reviews  # noqa: E402
-from tests.support.checks import TOKEN, clean, is_active, lumigo_yaml  # noqa: E402
-from tests.support.lumigo import create_token_secret  # noqa: E402
-from tests.support.workloads import workload  # noqa: E402
+ROOT = benchkit.ROOT
 
-RESULTS = ROOT / "bench" / "results" / "webhook_busy_controller.json"
+RESULTS = benchkit.results_file("webhook_busy_controller")
 CRD = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
 # No controller-manager runs here, so no rollout completes: the controller's own pace, unpaced.
 GO = "go-controller-runtime"
@@ -125,7 +125,7 @@ def webhook_ca(kube: KubeClient, op: OperatorProcess, directory: Path) -> Path:
 
 
 def _load_in_child(load: tuple[int, Path, bytes, float, float], until: Any, results: Any) -> None:
-    results.put(offered_load(*load, until=until))
+    results.put(offered_load(*load, LoadOptions(until=until)))
 
 
 def _result(child: BaseProcess, results: Any) -> dict[str, Any]:
@@ -249,7 +249,7 @@ def one_operator(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    info = machine()
+    info = benchkit.machine()
     results: dict[str, Any] = {}
     with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD))
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--rate", type=float, default=100.0)
@@ -305,8 +305,7 @@ def main() -> int:
     args = parser.parse_args()
     result = run(args)
     results = RESULTS.with_name(f"{RESULTS.stem}_pinned.json") if args.pin else RESULTS
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.save(results, result)
     m = result["machine"]
     print(f"{m['cpus']} CPUs ({m['cpu_model']}); {args.rate:.0f} admissions/s on one connection")
     for workers, figures in result["by_workers"].items():
@@ -329,7 +328,6 @@ def main() -> int:
         calls = figures["api_server_injector_calls"]
         print(f"  the API server, during the cycles: {calls['called']:.0f} injector calls, "
               f"{calls['excluded']:.0f} spared by its matchConditions")  # fmt: skip
-    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 

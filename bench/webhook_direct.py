@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import multiprocessing.synchronize
 import os
-import platform
 import re
 import shutil
 import signal
@@ -34,19 +33,19 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+from bench import benchkit
+from envtest.process import wait_until
+from tests.support import reviews
 
-from localcluster import wait_until  # noqa: E402
-
-from tests.support import reviews  # noqa: E402
+ROOT = benchkit.ROOT
 
 PATH = "/v1alpha1/inject"
-RESULTS = ROOT / "bench" / "results" / "webhook_direct.json"
+RESULTS = benchkit.results_file("webhook_direct")
 
 
 class _Discard:
@@ -102,19 +101,26 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """Where an offered load is sent, how many requests warm it up, and what keeps it going."""
+
+    path: str = PATH
+    warmup: int = 200
+    until: threading.Event | multiprocessing.synchronize.Event | None = None
+
+
 def offered_load(
     port: int,
     ca: Path,
     body: bytes,
     rate: float,
     duration: float,
-    path: str = PATH,
-    *,
-    until: threading.Event | multiprocessing.synchronize.Event | None = None,
-    warmup: int = 200,
+    options: LoadOptions = LoadOptions(),
 ) -> dict[str, Any]:
     """Open loop at `rate`/s on one keep-alive connection for `duration` seconds, and then on
-    until `until` is set when given (a load measured while some other work runs)."""
+    until `options.until` is set when given (a load measured while some other work runs)."""
+    path, warmup, until = options.path, options.warmup, options.until
     ctx = ssl.create_default_context(cafile=str(ca))
     client = reviews.Client(port, ctx)
     for _ in range(warmup):  # warm up the connection and the server's code paths
@@ -205,21 +211,6 @@ def saturation(
     }
 
 
-def machine() -> dict[str, Any]:
-    model = ""
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "python": platform.python_version(),
-        "loadavg_before": os.getloadavg(),
-    }
-
-
 def loadavg() -> tuple[float, float, float]:
     return os.getloadavg()
 
@@ -253,7 +244,7 @@ def measure_ours(body: bytes, args: argparse.Namespace) -> tuple[str, Any, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--connections", type=int, default=8)
@@ -265,13 +256,13 @@ def main() -> int:
         serve(args.serve)
         return 0
     body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
-    info = machine()
+    info = benchkit.machine()
     if args.target:
         port, path = local_target(args.target)
         if args.ca is None:
             parser.error("--target needs --ca (the CA that signed the target's certificate)")
         handler = f"target {args.target}"
-        offered = offered_load(port, args.ca, body, args.rate, args.duration, path)
+        offered = offered_load(port, args.ca, body, args.rate, args.duration, LoadOptions(path))
         saturated = saturation(port, body, args.connections, args.duration, path)
     else:
         handler, offered, saturated = measure_ours(body, args)
@@ -286,8 +277,7 @@ def main() -> int:
         "targets": {"p99_ms_at_100rps": 5.0, "min_rps_saturated": 1500},
     }
     results = RESULTS.with_name("webhook_direct_target.json") if args.target else RESULTS
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.save(results, result)
     print(
         f"handler: {handler}; request {len(body)} bytes; {info['cpus']} CPUs ({info['cpu_model']})"
     )
@@ -302,7 +292,6 @@ def main() -> int:
         f"p50 {saturated['p50_ms']} ms, p99 {saturated['p99_ms']} ms, "
         f"non-2xx {saturated['non_2xx']}"
     )
-    print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 

@@ -20,7 +20,6 @@ Prints a table and writes bench/results/webhook_handler.json.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -33,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import benchkit
 from webhook import admission_review as admission
 from webhook import pod_injection
 from webhook.inject_handler import InjectHandler
@@ -197,7 +197,7 @@ def threaded(fn: Callable[[], bytes], calls: int, threads: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--calls", type=int, default=5000)
     args = parser.parse_args()
 
@@ -227,9 +227,7 @@ def main() -> int:
         "request_bytes": {"create": len(create_body), "update": len(update_body)},
         "scenarios": {},
         "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
+            **benchkit.machine(),
             "processor": platform.processor() or platform.machine(),
             # The machine is shared: a high load average means inflated tails.
             "load_average_1m": round(os.getloadavg()[0], 2),
@@ -247,9 +245,7 @@ def main() -> int:
     rate = threaded(scenarios["create-inject"], args.calls, 8)
     results["scenarios"]["create-inject"]["per_second_8_threads"] = round(rate)
     print(f"create-inject with 8 threads: {rate:.0f}/s (GIL-bound: one core's worth)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    benchkit.save(RESULTS, results)
     return 0
 
 

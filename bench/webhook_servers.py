@@ -46,14 +46,14 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import webhook_direct
+
+from bench import benchkit
+from envtest.process import free_port, wait_until
+from tests.support import reviews
+
+ROOT = benchkit.ROOT
 BENCH = ROOT / "bench"
-sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(BENCH)]
-
-import webhook_direct  # noqa: E402
-from localcluster import free_port, wait_until  # noqa: E402
-
-from tests.support import reviews  # noqa: E402
 
 PINS = (
     "uvicorn==0.54.0",
@@ -69,7 +69,7 @@ LIBS = (
     / "bench-servers"
     / "-".join(p.replace("==", "-") for p in PINS)
 )
-RESULTS = ROOT / "bench" / "results" / "webhook_servers.json"
+RESULTS = benchkit.results_file("webhook_servers")
 # name -> (library, worker processes)
 CANDIDATES: dict[str, tuple[str, int]] = {
     "ours": ("ours", 1),
@@ -329,7 +329,7 @@ def measure(name: str, body: bytes, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--connections", type=int, default=8)
@@ -357,22 +357,17 @@ def main() -> int:
             f"{saturated['socket_errors']}",
             flush=True,
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "webhook_servers",
-                "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "pins": list(PINS),
-                "machine": webhook_direct.machine(),
-                "request_bytes": len(body),
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    benchkit.save(
+        RESULTS,
+        {
+            "benchmark": "webhook_servers",
+            "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "pins": list(PINS),
+            "machine": benchkit.machine(),
+            "request_bytes": len(body),
+            "results": results,
+        },
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 
 

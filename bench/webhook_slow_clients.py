@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import os
 import select
 import socket
@@ -43,14 +42,12 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack")]
+from webhook_direct import LoadOptions, offered_load, percentile
 
-from webhook_direct import machine, offered_load, percentile  # noqa: E402
-
-from kube.http.server import ServerOptions  # noqa: E402
-from tests.support import reviews  # noqa: E402
-from tests.support.webhook_server import (  # noqa: E402
+from bench import benchkit
+from kube.http.server import ServerOptions
+from tests.support import reviews
+from tests.support.webhook_server import (
     Trickler,
     max_size_flood,
     max_size_review,
@@ -59,8 +56,10 @@ from tests.support.webhook_server import (  # noqa: E402
     server_processes,
 )
 
+ROOT = benchkit.ROOT
+
 PATH = "/v1alpha1/inject"
-RESULTS = ROOT / "bench" / "results" / "webhook_slow_clients.json"
+RESULTS = benchkit.results_file("webhook_slow_clients")
 KINDS = ("idle", "trickle", "tcp", "announce")
 ANNOUNCED = ServerOptions().body_budget_bytes // 5  # five announcements add up to the budget
 ANNOUNCE_HEAD = (f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -198,7 +197,7 @@ def admissions(port: int, ca: Path, body: bytes, rate: float, duration: float,
                warmup: int = 200) -> dict[str, Any]:  # fmt: skip
     context = ssl.create_default_context(cafile=str(ca))
     return {
-        "keep_alive": offered_load(port, ca, body, rate, duration, warmup=warmup),
+        "keep_alive": offered_load(port, ca, body, rate, duration, LoadOptions(warmup=warmup)),
         "new_connection": fresh_connections(port, context, body, rate, duration),
     }
 
@@ -249,7 +248,7 @@ def worker_memory(counts: list[int], limit: int, requests: int) -> list[dict[str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--crowd", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=50.0)
     parser.add_argument("--duration", type=float, default=10.0)
@@ -271,7 +270,7 @@ def main() -> int:
         crowd(kind, int(port), Path(ca), int(count))
         return 0
     body = reviews.body_of(reviews.review(reviews.deployment(), uid="bench"))
-    info = machine()
+    info = benchkit.machine()
     scenarios: dict[str, Any] = {}
     only = args.only.split(",")
     with server_process() as proc:
@@ -305,8 +304,7 @@ def main() -> int:
         "worker_memory": workers,
         "targets": {"p99_ms_under_crowd": 100, "peak_rss_mib": 512},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    benchkit.save(RESULTS, result)
     print(f"{info['cpus']} CPUs ({info['cpu_model']}); admissions at {args.rate:.0f}/s for "
           f"{args.duration:.0f} s with {args.crowd} connections of each crowd open "
           f"({args.announcers} for announce: {ANNOUNCED} bytes each)")  # fmt: skip
@@ -327,7 +325,6 @@ def main() -> int:
             f"ms; large: {row['outcomes']}; plan for {args.limit_mib} MiB: {row['plan']}"
         )
     if big is None:
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
         return 0
     print(
         f"{big['requests']} concurrent {big['request_bytes']}-byte requests + a normal one: "
@@ -335,7 +332,6 @@ def main() -> int:
         f"{big['rss_after_mib']}); normal {big['normal_status']} in {big['normal_ms']} ms; "
         f"large: {big['outcomes']}"
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
 
 

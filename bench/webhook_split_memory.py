@@ -13,9 +13,7 @@ bench/results/webhook_split_memory.json.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import os
 import ssl
 import sys
@@ -24,21 +22,21 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "hack"), str(ROOT / "bench")]
+from webhook_busy_controller import CRD, webhook_ca
+from webhook_worker_memory import MiB, Target, peak_sampler, pss, workers_of
 
-from localcluster import LocalCluster, wait_until  # noqa: E402
-from localoperator import OperatorProcess  # noqa: E402
-from webhook_busy_controller import CRD, webhook_ca  # noqa: E402
-from webhook_direct import machine  # noqa: E402
-from webhook_worker_memory import MiB, Target, peak_sampler, pss, workers_of  # noqa: E402
+from bench import benchkit
+from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
+from tests.support.checks import TOKEN, is_active, lumigo_yaml
+from tests.support.lumigo import create_token_secret
+from tests.support.webhook_server import max_size_flood
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from tests.support.checks import TOKEN, is_active, lumigo_yaml  # noqa: E402
-from tests.support.lumigo import create_token_secret  # noqa: E402
-from tests.support.webhook_server import max_size_flood  # noqa: E402
+ROOT = benchkit.ROOT
 
-RESULTS = ROOT / "bench" / "results" / "webhook_split_memory.json"
+RESULTS = benchkit.results_file("webhook_split_memory")
 MODE_CONFIGMAP = "--injection-mode-configmap=lumigo-injection-mode"
 
 
@@ -99,11 +97,11 @@ def one(cluster: LocalCluster, kube: KubeClient, tmp: Path, workers: int,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--big", type=int, default=20)
     args = parser.parse_args()
-    info = machine()
+    info = benchkit.machine()
     rows = []
     with LocalCluster() as cluster, tempfile.TemporaryDirectory() as tmp:
         cluster.kubectl("apply", "--server-side", "-f", str(CRD))
@@ -127,9 +125,7 @@ def main() -> int:
         "machine": {**info, "loadavg_after": os.getloadavg()},
         "rows": rows,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    benchkit.save(RESULTS, result)
     return 0
 
 

@@ -16,10 +16,7 @@ Prints a table and writes bench/results/workqueue_throughput.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import threading
@@ -27,9 +24,21 @@ import time
 from collections.abc import Hashable
 from pathlib import Path
 
+from bench import benchkit
 from controller.runtime.workqueue import RateLimitingQueue
 
 RESULTS = Path(__file__).resolve().parent / "results" / "workqueue_throughput.json"
+
+
+def _work(queue: RateLimitingQueue[Hashable], counts: list[int], index: int, io_s: float) -> None:
+    while True:
+        key, shutdown = queue.get()
+        if shutdown:
+            return
+        if io_s:
+            time.sleep(io_s)  # stands for a blocking API call (releases the GIL)
+        counts[index] += 1
+        queue.done(key)
 
 
 def run_once(keys: list[Hashable], workers: int, named: bool, io_seconds: float) -> float:
@@ -37,21 +46,14 @@ def run_once(keys: list[Hashable], workers: int, named: bool, io_seconds: float)
     queue = RateLimitingQueue[Hashable]("bench" if named else "")
     counts = [0] * workers
 
-    def work(index: int) -> None:
-        while True:
-            key, shutdown = queue.get()
-            if shutdown:
-                return
-            if io_seconds:
-                time.sleep(io_seconds)  # stands for a blocking API call (releases the GIL)
-            counts[index] += 1
-            queue.done(key)
-
     def produce() -> None:
         for key in keys:
             queue.add(key)
 
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(workers)]
+    threads = [
+        threading.Thread(target=_work, args=(queue, counts, i, io_seconds), daemon=True)
+        for i in range(workers)
+    ]
     producer = threading.Thread(target=produce, daemon=True)
     start = time.perf_counter()
     try:
@@ -74,16 +76,14 @@ def run_once(keys: list[Hashable], workers: int, named: bool, io_seconds: float)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchkit.parser(__doc__)
     parser.add_argument("--keys", type=int, default=100_000, help="keys for the noop workload")
     parser.add_argument("--io-keys", type=int, default=2_000, help="keys for the io-1ms workload")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     machine = {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        **benchkit.machine(),
         "load_avg_1m_at_start": os.getloadavg()[0],
     }
     print(f"{args.repeats} runs each, {machine['cpus']} CPUs, Python {machine['python']}, "
@@ -111,23 +111,18 @@ def main() -> None:
                 print(f"{workload:>8} {count:>7} {workers:>7} {'on' if named else 'off':>7} "
                       f"{row['keys_per_second_median']:>14,} {row['keys_per_second_min']:>9,} "
                       f"{row['keys_per_second_max']:>9,}")  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "workqueue_throughput",
-                "what": "keys/s through add -> get -> done; 1 producer thread; "
-                "noop = no reconcile work, io-1ms = 1 ms GIL-free wait per key",
-                "command": " ".join(["python", *sys.argv]),
-                "repeats": args.repeats,
-                "machine": machine,
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    benchkit.save(
+        RESULTS,
+        {
+            "benchmark": "workqueue_throughput",
+            "what": "keys/s through add -> get -> done; 1 producer thread; "
+            "noop = no reconcile work, io-1ms = 1 ms GIL-free wait per key",
+            "command": " ".join(["python", *sys.argv]),
+            "repeats": args.repeats,
+            "machine": machine,
+            "results": results,
+        },
     )
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A real, throw-away Kubernetes control plane on loopback, for tests and `make run`.
 
 Minimal mode starts etcd + kube-apiserver with the flags envtest uses (fresh certificates, RBAC,
@@ -13,7 +12,7 @@ so that a test can compare what an installed identity really does with what its 
 Every process is started in its own session with PR_SET_PDEATHSIG, so even a SIGKILLed parent
 leaves no orphan; `stop()` terminates them and removes the work directory.
 
-    python hack/localcluster.py up [--full]     # start, print the kubeconfig path, wait for Ctrl-C
+    python -m envtest.cluster up [--full]     # start, print the kubeconfig path, wait for Ctrl-C
 """
 
 from __future__ import annotations
@@ -21,14 +20,12 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import ctypes
 import datetime as dt
 import ipaddress
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -36,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -47,60 +44,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from envtest.process import Process, Supervisor, free_port, wait_healthy
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin"))
 FAKE_NODE = "kwok-node-0"
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    with contextlib.suppress(OSError):
-        # SIGKILL, not SIGTERM: a kube-apiserver whose etcd vanished at the same moment would
-        # hang in graceful shutdown forever.
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def wait_healthy(
-    proc: Process,
-    check: Callable[[], bool],
-    timeout: float,
-    error: type[Exception] = TimeoutError,
-) -> None:
-    """Wait until `check()` passes for a process just started; a process that exits, or never
-    becomes healthy, raises `error` with the end of its log (the reason is usually there)."""
-
-    def ok() -> bool:
-        if not proc.alive():
-            raise (RuntimeError if error is TimeoutError else error)(
-                f"{proc.name} exited during start-up:\n{proc.log_tail()}"
-            )
-        try:
-            return check()
-        except (OSError, ValueError):  # urllib's URLError is an OSError
-            return False
-
-    try:
-        wait_until(ok, timeout, f"{proc.name} to become healthy", interval=0.2)
-    except TimeoutError as err:
-        raise error(f"{err}\n{proc.log_tail()}") from None
-
 
 # --- certificates -------------------------------------------------------------------------
 
@@ -233,54 +181,6 @@ class KubectlError(RuntimeError):
         super().__init__(f"kubectl {' '.join(args)} exited {code}:\n{output.strip()}")
 
 
-@dataclass
-class Process:
-    name: str
-    args: list[str]
-    log: Path
-    env: dict[str, str] | None = None
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        binary = Path(self.args[0])
-        if not binary.exists():
-            raise FileNotFoundError(
-                f"{binary} is missing: run `hack/install-tools` (or `make tools`) first"
-            )
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                self.args,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - setsid + pdeathsig, nothing else
-            )
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def stop(self, timeout: float = 10) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait()
-        self.popen = None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-
 WORKDIR_PREFIX = "lumigo-cluster-"
 
 # Metadata of ServiceAccounts' requests only: the admin's and the control plane's own traffic is
@@ -336,7 +236,7 @@ class LocalCluster:
         self.service_accounts = service_accounts
         self.etcd_port = free_port()
         self.apiserver_port = free_port()
-        self.processes: dict[str, Process] = {}
+        self.processes = Supervisor()
         self.pki: dict[str, KeyPair] = {}
 
     # -- public API ------------------------------------------------------------------------
@@ -395,27 +295,19 @@ class LocalCluster:
         self.full = True
 
     def stop(self) -> None:
-        for name in ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
-            proc = self.processes.pop(name, None)
-            if proc is not None:
-                proc.stop()
+        self.processes.stop(
+            ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+        )
         if self._own_workdir and not os.environ.get("LUMIGO_KEEP_CLUSTER"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def process_report(self) -> str:
         """One line per component (running, or its exit code and last log lines if it died):
         attached to failing tests so that a dead controller-manager is not mistaken for a bug."""
-        lines = []
-        for name, proc in self.processes.items():
-            if proc.alive():
-                lines.append(f"{name}: running")
-            else:
-                code = proc.popen.returncode if proc.popen is not None else None
-                lines.append(f"{name}: EXITED ({code})\n{proc.log_tail(20)}")
-        return "\n".join(lines)
+        return self.processes.report()
 
     def pids(self) -> list[int]:
-        return [p.popen.pid for p in self.processes.values() if p.popen is not None]
+        return self.processes.pids()
 
     def stop_apiserver(self) -> None:
         self.processes.pop("kube-apiserver").stop()
@@ -478,10 +370,7 @@ class LocalCluster:
 
     # -- internals -------------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> Process:
-        proc = Process(name, args, self.workdir / "logs" / f"{name}.log")
-        proc.start()
-        self.processes[name] = proc
-        return proc
+        return self.processes.run(Process(name, args, self.workdir / "logs" / f"{name}.log"))
 
     def _start_etcd(self) -> None:
         peer = free_port()

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from localcluster import OPERATOR_USER, LocalCluster, free_port, wait_until
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from envtest.cluster import OPERATOR_USER, LocalCluster
+from envtest.process import free_port, wait_until
 from kube.kinds import MUTATING_WEBHOOK_CONFIGURATIONS, NAMESPACES
 from kube.rest import ApiError
 
@@ -197,7 +198,9 @@ def wait_until_webhooks_admit(kube: KubeClient, namespace: str, timeout: float =
 class OperatorProcess:
     """One operator process (restartable on the same ports) plus its webhook registrations."""
 
-    def __init__(
+    # Each keyword is one of the operator's own flags (--operator-version, --resync-period,
+    # --log-level...), named as on its command line: what a test sets is read at the call.
+    def __init__(  # noqa: PLR0913
         self,
         cluster: LocalCluster,
         kube: KubeClient,

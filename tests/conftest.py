@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "hack"))
+from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
 
-from controller.runtime.kube import KubeClient  # noqa: E402
-from localcluster import LocalCluster  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # Shared 2-core CI machines are slow and noisy: no per-example deadlines, no too_slow checks.
 settings.register_profile(

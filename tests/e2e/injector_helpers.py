@@ -16,7 +16,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -33,11 +32,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from api import constants
+from envtest.process import free_port, wait_until
 from webhook.pod_injection import InjectionSettings, inject
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack"))
-from localcluster import free_port, wait_until  # noqa: E402
 
 PROGRAMS = Path(__file__).parent / "injector_programs"
 CACHE = Path(

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess, release_metrics_reader
 
 from api import constants
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess, release_metrics_reader
+from envtest.process import wait_until
 from kube.kinds import NAMESPACES
 
 ROOT = Path(__file__).resolve().parents[2]

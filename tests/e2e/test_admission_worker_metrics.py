@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from controller.runtime.kube import KubeClient
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from tests.e2e.test_admission_workers import (
     admit,
     alive,

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
 
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, EVENTS, MUTATING_WEBHOOK_CONFIGURATIONS
 from tests.support import reviews
 from tests.support.checks import TOKEN, is_active, lumigo_yaml

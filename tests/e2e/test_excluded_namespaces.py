@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
 
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, NAMESPACES, SECRETS
 from kube.rest import ApiError
 from tests.support.checks import (

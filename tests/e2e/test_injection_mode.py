@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
 
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.jsonpatch import apply
 from tests.e2e.test_admission_workers import admit, webhook_context
 from tests.support import reviews

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import free_port, wait_until
+from envtest.process import free_port, wait_until
 from tests.e2e.injector_helpers import (
     PROGRAMS,
     OtlpReceiver,

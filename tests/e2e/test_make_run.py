@@ -12,7 +12,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
-from localcluster import wait_until
+from envtest.process import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import pytest
 
 from controller.runtime.kube import KubeClient
 from controller.telemetry import watchdog
-from localcluster import LocalCluster
-from localoperator import OperatorProcess, metrics_reader_token, scrape
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess, metrics_reader_token, scrape
 
 
 def test_secure_by_default_and_plain_when_asked(

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from controller.runtime.kube import KubeClient
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from tests.e2e.packaging_support import CHART, find, load_docs, render_chart
 
 JSON = dict[str, Any]

@@ -6,11 +6,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.kinds import CRONJOBS, DAEMONSETS, DEPLOYMENTS, LEASES, STATEFULSETS
 from kube.rest import ApiError
 from tests.support.checks import (

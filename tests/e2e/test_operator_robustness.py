@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
-
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS
 from kube.rest import ApiError
 from tests.support.checks import TOKEN, instrumented, is_active, lumigo_yaml, status

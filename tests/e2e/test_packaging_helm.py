@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS
 from tests.e2e.packaging_support import (
     CHART,

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from api import constants
 from controller.cli import _parser
@@ -23,6 +22,8 @@ from controller.lumigo.resources import LUMIGOES
 from controller.options import run_options
 from controller.runtime.kube import KubeClient
 from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import CONFIGMAPS, DEPLOYMENTS, EVENTS, SECRETS
 from tests.e2e.packaging_support import (
     CRD_NAME,

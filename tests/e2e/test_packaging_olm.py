@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from localcluster import LocalCluster, wait_until
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from tests.e2e.packaging_support import (
     CRD_NAME,
     OPERATOR_SA,

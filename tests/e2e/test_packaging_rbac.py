@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import LocalCluster
+from envtest.cluster import LocalCluster
 from tests.e2e.packaging_support import (
     OPERATOR_SA,
     denied,

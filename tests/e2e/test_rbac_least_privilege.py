@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DAEMONSETS, DEPLOYMENTS, JOBS, NODES, SECRETS
 from tests.e2e.packaging_support import (
     CRD_NAME,

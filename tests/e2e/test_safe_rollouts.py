@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
 
 from api import constants
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS
 from kube.rest import ApiError
 from tests.support.checks import TOKEN, condition, is_active, lumigo_yaml, status

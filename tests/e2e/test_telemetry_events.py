@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
@@ -30,6 +29,8 @@ from controller.telemetry.config import (
 )
 from controller.telemetry.proxy_reconciler import CONFIG_KEY, ProxyTarget, TelemetryProxyReconciler
 from controller.telemetry.redaction import LAST_APPLIED, REDACTED, Redaction
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import CRONJOBS, DEPLOYMENTS, EVENTS, JOBS, NAMESPACES, PODS, REPLICASETS, SECRETS
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active
 from tests.support.otel import (

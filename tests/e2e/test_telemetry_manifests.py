@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import ROOT, LocalCluster, wait_until
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import HEALTH_PORT, OTLP_HTTP_PORT, render
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
+from envtest.cluster import ROOT, LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, SECRETS, SERVICES
 from kube.rest import Resource
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, free_port, wait_until
 
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import MonitoredNamespace, Origin, render
+from envtest.cluster import LocalCluster
+from envtest.process import free_port, wait_until
 from kube.kinds import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
 from tests.e2e.injector_helpers import (
     PROGRAMS,

@@ -7,13 +7,13 @@ and the tokens in it, when the Deployment goes.
 
 from __future__ import annotations
 
-from localcluster import LocalCluster, wait_until
-
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, SECRETS
 
 PROXY = "lumigo-telemetry-proxy"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from localcluster import LocalCluster, wait_until
-from localoperator import OperatorProcess
-
 from api import constants
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.operator import OperatorProcess
+from envtest.process import wait_until
 from kube.kinds import DAEMONSETS, DEPLOYMENTS, STATEFULSETS
 from tests.support.checks import (
     TOKEN,

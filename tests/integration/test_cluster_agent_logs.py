@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import FAKE_NODE, wait_until
 
 from controller.runtime.kube import KubeClient
 from controller.telemetry.agent_config import LOG_FILE_SCOPE, AgentSettings, render_agent
+from envtest.cluster import FAKE_NODE
+from envtest.process import wait_until
 from kube.kinds import PODS
 from tests.support.otel import Collector, LogSeen, OTLPSink, local_settings, running_sink
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import free_port, wait_until
 
 from controller.runtime.kube import KubeClient
 from controller.telemetry.agent_config import (
@@ -30,6 +29,7 @@ from controller.telemetry.agent_config import (
     build_agent,
 )
 from controller.telemetry.config import ProxySettings
+from envtest.process import free_port, wait_until
 from kube.kinds import CRONJOBS, DEPLOYMENTS, REPLICASETS
 from tests.support.otel import Collector, OTLPSink, local_settings, running_sink
 from tests.support.workloads import workload

@@ -9,11 +9,12 @@ from typing import Any
 
 import pykube
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.events import EventRecorder
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, EVENTS
 
 

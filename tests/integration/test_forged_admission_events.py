@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.lumigo.resources import WORKLOADS_BY_KIND
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, EVENTS
 from tests.support import reviews
 from webhook.admission_review import parse_review

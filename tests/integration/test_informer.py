@@ -9,11 +9,12 @@ from typing import Any
 
 import pykube
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.runtime.informer import FuncHandler, Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
 from controller.runtime.store import Store
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import CONFIGMAPS
 from tests.support.tcpproxy import TCPProxy
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from localcluster import wait_until
 
 from api import constants
 from controller.lumigo.injection_mode import (
@@ -17,6 +16,7 @@ from controller.lumigo.injection_mode import (
 )
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
+from envtest.process import wait_until
 from kube.http.readiness import NotReady
 from kube.kinds import CONFIGMAPS
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from localcluster import LocalCluster
-
 from api import constants
 from controller.lumigo.instrumentation import Instrumenter, Target
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
 from kube.kinds import DEPLOYMENTS
 from kube.rest import Resource
 from tests.support.workloads import workload

@@ -7,9 +7,9 @@ from typing import Any
 
 import pykube
 import pytest
-from localcluster import LocalCluster
 
 from controller.runtime.kube import REST_REQUESTS, KubeClient
+from envtest.cluster import LocalCluster
 from kube.kinds import CONFIGMAPS, LEASES
 from kube.rest import ApiError
 

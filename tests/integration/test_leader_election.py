@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import LEASES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from api.lumigo import dump_spec, load_spec
-from localcluster import LocalCluster, wait_until
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "config" / "samples" / "operator_v1alpha1_lumigo.yaml"
@@ -145,9 +146,8 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 CHILD = """
-import sys, time
-sys.path.insert(0, {hack!r})
-from localcluster import LocalCluster
+import time
+from envtest.cluster import LocalCluster
 c = LocalCluster(full={full})
 c.start()
 print(c.workdir, flush=True)
@@ -157,8 +157,10 @@ time.sleep(600)
 
 @pytest.mark.parametrize("full", [False, True])
 def test_killed_parent_leaves_no_orphan_processes(full: bool) -> None:
-    code = CHILD.format(hack=str(ROOT / "hack"), full=full)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    code = CHILD.format(full=full)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         assert proc.stdout is not None
         workdir = proc.stdout.readline().strip()
@@ -173,9 +175,10 @@ def test_killed_parent_leaves_no_orphan_processes(full: bool) -> None:
 
 def test_stop_and_ctrl_c_stop_everything() -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "hack" / "localcluster.py"), "up"],
+        [sys.executable, "-m", "envtest.cluster", "up"],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None

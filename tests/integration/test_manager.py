@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
@@ -29,6 +28,8 @@ from controller.runtime.manager import (
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.store import ObjectKey
 from controller.runtime.workqueue import RateLimitingQueue
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import CONFIGMAPS, DEPLOYMENTS, REPLICASETS
 
 JSON = dict[str, Any]

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
-from localcluster import LocalCluster
-from localoperator import metrics_reader_token, release_metrics_reader, scrape
 
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, ManagerOptions
 from controller.runtime.probe_server import self_signed_pair
+from envtest.cluster import LocalCluster
+from envtest.operator import metrics_reader_token, release_metrics_reader, scrape
 from tests.support.webhook_server import peer_fingerprint
 
 

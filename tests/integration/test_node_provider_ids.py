@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster import wait_until
 
 from api.constants import ANNOTATION_PROVIDER_ID
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Manager, ManagerOptions
 from controller.telemetry.provider_id import add_node_provider_ids, remove_annotations
+from envtest.process import wait_until
 from kube.kinds import NODES
 from tests.support.workloads import node_without_kubelet
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from localcluster import LocalCluster
 
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
 from kube.kinds import PODS
 from kube.rest import ApiError
 from webhook.pod_injection import InjectionSettings, inject

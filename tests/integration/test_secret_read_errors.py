@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import LocalCluster, wait_until
 from prometheus_client import REGISTRY
 
 from api import constants
@@ -28,6 +27,8 @@ from controller.runtime.manager import Controller, ReconcileError
 from controller.runtime.store import ObjectKey
 from controller.telemetry.config import Origin, ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, SECRETS
 from kube.rest import ApiError
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import LocalCluster, wait_until
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
@@ -32,6 +31,8 @@ from controller.telemetry.proxy_reconciler import (
     config_hash,
 )
 from controller.telemetry.restart import OLM_MANAGED_LABEL
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, PODS, SECRETS
 from kube.rest import ApiError
 from tests.support.lumigo import create_lumigo, create_token_secret, random_token, set_active

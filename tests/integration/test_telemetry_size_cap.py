@@ -10,13 +10,14 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from localcluster import LocalCluster, wait_until
 
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import Origin, ProxySettings, render
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
+from envtest.cluster import LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS
 from tests.integration.test_telemetry_reconciler import (
     PROXY,

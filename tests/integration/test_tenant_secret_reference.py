@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster import KubectlError, LocalCluster
 
 from api import constants
 from controller.lumigo import status as st
@@ -26,6 +25,7 @@ from controller.lumigo.lumigo_reconciler import LumigoReconciler
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
+from envtest.cluster import KubectlError, LocalCluster
 from kube.kinds import SECRETS
 from kube.rest import ApiError
 from tests.support.lumigo import create_token_secret, random_token

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pykube
-from localcluster import LocalCluster
 
 from controller.runtime.kube import KubeClient
+from envtest.cluster import LocalCluster
 from kube.kinds import CONFIGMAPS
 from tests.support.tcpproxy import TCPProxy
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import ROOT, LocalCluster, wait_until
 
 from controller.runtime.kube import KubeClient
 from controller.telemetry.watchdog import (
@@ -27,6 +26,8 @@ from controller.telemetry.watchdog import (
     Watchdog,
     WatchdogSettings,
 )
+from envtest.cluster import ROOT, LocalCluster
+from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, REPLICASETS, SECRETS
 from tests.e2e.packaging_support import service_account_kubeconfig
 from tests.support.otel import LogSeen, running_sink

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from localcluster import wait_until
 
 from controller.runtime.kube import KubeClient
+from envtest.process import wait_until
 from kube import certs
 from kube.http.server import AdmissionServer, ServerOptions
 from kube.http.tls import ServingTLS

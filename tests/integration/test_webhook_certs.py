@@ -10,11 +10,11 @@ import threading
 from typing import Any
 
 from cryptography import x509
-from localcluster import wait_until
 from prometheus_client import REGISTRY
 
 from controller.runtime.informer import FuncHandler, Informer, Selection
 from controller.runtime.kube import KubeClient
+from envtest.process import wait_until
 from kube import certs
 from kube.cert_manager import CertWriter, ManagedCert
 from kube.kinds import MUTATING_WEBHOOK_CONFIGURATIONS, SECRETS

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster import KubectlError, LocalCluster, wait_until
 
 from api import constants
+from envtest.cluster import KubectlError, LocalCluster
+from envtest.process import wait_until
 from kube.jsonpatch import apply
 from webhook import pod_injection
 from webhook.admission_review import AdmissionResponse, parse_review

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from localcluster import wait_until
-from localoperator import wait_until_webhooks_admit
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES, WORKLOADS_BY_KIND
 from controller.runtime.events import AdmissionEvents, EventRecorder
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
+from envtest.operator import wait_until_webhooks_admit
+from envtest.process import wait_until
 from kube import certs
 from kube.http.routing import Route
 from kube.http.server import AdmissionServer, ServerOptions

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import FAKE_NODE, LocalCluster
-from localnode import LocalNode, NodeError, preflight, require
+from envtest.cluster import FAKE_NODE, LocalCluster
+from envtest.node import LocalNode, NodeError, preflight, require
 from tests.conftest import _namespace_name
 
 # The tier is part of `make test`; LUMIGO_NODE=off is the one way to leave it out.

@@ -16,7 +16,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from localcluster import BIN, LocalCluster, Process, free_port, wait_until
+from envtest.cluster import BIN, LocalCluster
+from envtest.process import Process, free_port, wait_until
 
 NAMESPACE, NAME = "kube-system", "metrics-server"
 API_SERVICE = "v1beta1.metrics.k8s.io"

@@ -6,8 +6,8 @@ import json
 import time
 from typing import Any
 
-from localcluster import LocalCluster
-from ociimage import BUSYBOX_IMAGE
+from envtest.cluster import LocalCluster
+from envtest.ociimage import BUSYBOX_IMAGE
 
 __all__ = ["BUSYBOX_IMAGE", "apply", "container", "get", "logs", "pod", "wait_pod"]
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localcluster import FAKE_NODE, LocalCluster, wait_until
-from localnode import LocalNode
+from envtest.cluster import FAKE_NODE, LocalCluster
+from envtest.node import LocalNode
+from envtest.process import wait_until
 from tests.e2e.packaging_support import CHART, HelmRelease, get_json
 from tests.node.conftest import NodeHolder
 from tests.node.pods import wait_pod

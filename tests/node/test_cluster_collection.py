@@ -50,7 +50,7 @@ from controller.telemetry.agent_config import (
 from controller.telemetry.top import CPU_METRIC, CPU_UNIT, MEMORY_METRIC, MEMORY_UNIT, METER
 from controller.telemetry.watchdog import EVENTS_SCOPE, SERVICE_NAME
 from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
-from localcluster import wait_until
+from envtest.process import wait_until
 from tests.e2e.packaging_support import CHART, get_json
 from tests.node.conftest import NodeHolder
 from tests.node.metrics_server import running_metrics_server

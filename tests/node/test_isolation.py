@@ -9,8 +9,8 @@ import re
 import subprocess
 import time
 
-from localcluster import LocalCluster
-from localnode import LocalNode
+from envtest.cluster import LocalCluster
+from envtest.node import LocalNode
 from tests.node.pods import apply, container, get, logs, pod, wait_pod
 
 # Documentation addresses (RFC 5737): never a real host, and the firewall must stop them anyway.

@@ -19,7 +19,7 @@ import yaml
 from api.marks import parse_time
 from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from controller.telemetry.restart import last_write
-from localcluster import LocalCluster
+from envtest.cluster import LocalCluster
 from tests.e2e.packaging_support import ROOT, deployment_available, get_json
 from tests.node.conftest import NodeHolder
 from tests.node.product import (

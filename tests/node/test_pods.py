@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from localcluster import KubectlError, LocalCluster
-from localnode import LocalNode
+from envtest.cluster import KubectlError, LocalCluster
+from envtest.node import LocalNode
 from tests.node.pods import (
     BUSYBOX_IMAGE,
     RESTRICTED_SECURITY,

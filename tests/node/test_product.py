@@ -27,7 +27,7 @@ import yaml
 
 from controller.telemetry.config import EVENTS_SCOPE, HEARTBEAT_SCOPE, OBJECTS_SCOPE
 from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
-from localcluster import wait_until
+from envtest.process import wait_until
 from tests.e2e.packaging_support import CHART, deployment_available, get_json, is_injected
 from tests.node.conftest import NodeHolder
 from tests.node.pods import BUSYBOX_IMAGE

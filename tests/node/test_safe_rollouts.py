@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from api import constants
-from localoperator import metrics_reader_token, scrape
+from envtest.operator import metrics_reader_token, scrape
 from tests.e2e.packaging_support import get_json
 from tests.node.conftest import NodeHolder
 from tests.node.product import (

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localcluster import LocalCluster
-from localnode import LocalNode, cgroup_hierarchies
+from envtest.cluster import LocalCluster
+from envtest.node import LocalNode, cgroup_hierarchies
 from tests.node.conftest import NodeHolder
 from tests.node.pods import apply, container, pod, wait_pod
 
@@ -163,9 +163,8 @@ def test_stop_leaves_no_process_mount_interface_rule_or_cgroup(
 OWNER = """
 import sys, time
 from pathlib import Path
-sys.path.insert(0, sys.argv[3])
-from localcluster import KeyPair, LocalCluster
-from localnode import LocalNode
+from envtest.cluster import KeyPair, LocalCluster
+from envtest.node import LocalNode
 
 # The session's cluster, seen from another process (without taking over its work directory).
 cluster = LocalCluster.__new__(LocalCluster)
@@ -184,7 +183,7 @@ def test_a_node_whose_owner_was_killed_is_cleaned_up_by_the_next_start(
     """SIGKILL leaves the shims, containers, mounts and bridge of a node behind (containerd and
     the kubelet die with their parent); the next node's start removes all of it."""
     node_holder.release()
-    hack = Path(__file__).resolve().parents[2] / "hack"
+    root = Path(__file__).resolve().parents[2]
     owner = subprocess.Popen(
         [
             sys.executable,
@@ -192,10 +191,10 @@ def test_a_node_whose_owner_was_killed_is_cleaned_up_by_the_next_start(
             OWNER,
             str(node_cluster.workdir),
             str(node_cluster.apiserver_port),
-            str(hack),
         ],
         stdout=subprocess.PIPE,
         text=True,
+        cwd=root,
     )
     try:
         assert owner.stdout is not None

@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-from localcluster import LocalCluster, Process, free_port, wait_until
+from envtest.cluster import LocalCluster
+from envtest.process import Process, free_port, wait_until
 from tests.e2e.packaging_support import BIN, CRD_NAME, ROOT, get_json, tool
 
 PACKAGE = "lumigo-operator"

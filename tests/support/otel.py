@@ -33,7 +33,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from controller.telemetry.config import Origin, ProxySettings
-from localcluster import Process, free_port
+from envtest.process import Process, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTOR = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin")) / "otelcol-lumigo"

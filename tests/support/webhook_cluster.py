@@ -14,12 +14,11 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from localcluster import wait_until
-
 from controller.operator import cert_writer_controller
 from controller.runtime.informer import Informer, Selection
 from controller.runtime.kube import KubeClient
 from controller.runtime.manager import Controller
+from envtest.process import wait_until
 from kube import certs
 from kube.cert_manager import CertWriter, ManagedCert, SelfSignedCerts
 from kube.http.readiness import NotReady

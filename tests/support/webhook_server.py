@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localcluster import wait_until
-
+from envtest.process import wait_until
 from kube import certs
 from kube.http import memory
 from kube.http.messages import MAX_BODY_BYTES

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import localnode
+from envtest.node import components as node_components
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,12 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_missing_node_component_is_named_with_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(localnode, "BIN", tmp_path)
-    monkeypatch.setattr(localnode, "SYSTEM_BIN_DIRS", ())
-    monkeypatch.setattr(localnode, "CNI_DIRS", (tmp_path / "cni",))
+    monkeypatch.setattr(node_components, "BIN", tmp_path)
+    monkeypatch.setattr(node_components, "SYSTEM_BIN_DIRS", ())
+    monkeypatch.setattr(node_components, "CNI_DIRS", (tmp_path / "cni",))
     monkeypatch.setenv("PATH", str(tmp_path))
 
-    components, missing = localnode.find_components()
+    components, missing = node_components.find_components()
 
     assert components is None
     text = "\n".join(missing)
@@ -39,8 +39,8 @@ def test_every_missing_node_component_is_named_with_how_to_get_it(
     for tool, package in (("runc", "runc"), ("nft", "nftables")):
         assert f"{tool} (Debian package {package}: run `hack/install-system-deps`)" in text
     assert "CNI plugins bridge, host-local, loopback, portmap" in text
-    with pytest.raises(localnode.NodeError) as err:
-        localnode.require(components, missing)
+    with pytest.raises(node_components.NodeError) as err:
+        node_components.require(components, missing)
     assert "the real node cannot run on this machine" in str(err.value)
     assert "LUMIGO_NODE=off" in str(err.value)
 

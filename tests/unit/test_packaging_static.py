@@ -734,8 +734,8 @@ def test_the_injector_is_not_called_for_the_operators_writes_or_deployments_repl
     """config/webhook and the chart (compared with it by test_packaging_helm) name the operator's
     ServiceAccount; the local test operator's registration has the same conditions for its own
     user, so the e2e tier exercises what is installed."""
-    from localcluster import OPERATOR_USER
-    from localoperator import (
+    from envtest.cluster import OPERATOR_USER
+    from envtest.operator import (
         INJECTOR_MATCH_CONDITIONS,
         OPTED_IN_MATCH_CONDITIONS,
         OPTED_IN_OBJECT_SELECTOR,

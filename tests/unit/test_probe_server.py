@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster import wait_until
 
 from controller.runtime.probe_server import PROBE_OPTIONS, CheckFailed, ProbeServer
+from envtest.process import wait_until
 from tests.support.webhook_server import close_all, raise_fd_limit
 
 CROWD = 300

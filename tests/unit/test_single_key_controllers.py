@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 
 import pykube
-from localcluster import wait_until
 from prometheus_client import REGISTRY
 
 from controller.lumigo.resources import LUMIGOES
@@ -21,6 +20,7 @@ from controller.runtime.manager import Result
 from controller.runtime.singlekey import KEY
 from controller.telemetry.config import ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget, TelemetryProxyReconciler
+from envtest.process import wait_until
 from kube import certs
 from kube.cert_manager import CertWriter, ManagedCert
 

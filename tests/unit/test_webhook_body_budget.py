@@ -17,8 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from localcluster import wait_until
-
+from envtest.process import wait_until
 from kube.http.server import ServerOptions
 from kube.http.tls import ServingTLS
 from tests.support import reviews, standin_handler

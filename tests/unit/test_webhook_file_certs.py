@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import hashes
-from localcluster import wait_until
 from prometheus_client import REGISTRY
 
+from envtest.process import wait_until
 from kube.cert_manager import FileCerts
 from kube.certs import CertState
 from kube.http.readiness import NotReady

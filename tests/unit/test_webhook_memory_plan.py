@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from localcluster import wait_until
 
 from controller import webhook_workers
+from envtest.process import wait_until
 from kube.http import memory
 from kube.http.messages import MAX_BODY_BYTES
 

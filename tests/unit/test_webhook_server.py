@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from localcluster import wait_until
 from prometheus_client import REGISTRY
 
+from envtest.process import wait_until
 from kube.http.asgi import INLINE_BYTES
 from kube.http.readiness import NotReady
 from kube.http.server import AdmissionServer, ServerOptions

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import wait_until
 
+from envtest.process import wait_until
 from kube.http.server import ServerOptions
 from kube.http.tls import ServingTLS
 from tests.support import reviews, standin_handler

@@ -32,17 +32,12 @@ from controller.runtime.ratelimit import (
     MaxOfRateLimiter,
 )
 from controller.runtime.workqueue import DelayingQueue, Queue, RateLimitingQueue
+from envtest.process import wait_until
 
 DEADLINE = 30.0  # generous: the machine is small and shared; a pass never takes this long
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    """Poll `predicate` until it holds; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.001)
+POLL = 0.001  # keys become ready within milliseconds
 
 
 FAMILIES = {
@@ -232,7 +227,7 @@ def test_shut_down_with_drain_waits_for_keys_in_flight(
     assert rlq.get() == ("a", False)
     drained: list[bool] = []
     drainer = threads.start(lambda: drained.append(rlq.shut_down_with_drain()), "drainer")
-    wait_until(rlq.shutting_down, "shutdown to start")
+    wait_until(rlq.shutting_down, DEADLINE, "shutdown to start", interval=POLL)
     assert drainer.is_alive(), "must not return while a key is being processed"
     assert drained == []
     rlq.done("a")
@@ -251,7 +246,7 @@ def test_shut_down_ends_a_drain_early(rlq: RateLimitingQueue[Hashable], threads:
     rlq.get()
     drained: list[bool] = []
     threads.start(lambda: drained.append(rlq.shut_down_with_drain()), "drainer")
-    wait_until(rlq.shutting_down, "shutdown to start")
+    wait_until(rlq.shutting_down, DEADLINE, "shutdown to start", interval=POLL)
     rlq.shut_down()
     threads.join()
     assert drained == [False]
@@ -287,7 +282,7 @@ def test_add_after_earliest_ready_time_wins(
     assert queue.num_waiting() == 3
     assert queue.len() == 0
     clock.advance(1.0)
-    wait_until(lambda: queue.len() == 2, "both early keys to become ready")
+    wait_until(lambda: queue.len() == 2, DEADLINE, "both early keys to become ready", interval=POLL)
     assert sorted(queue.get()[0] for _ in range(2)) == ["early-then-late", "late-then-early"]
     assert queue.num_waiting() == 1, "only 'stays' may still wait: no later duplicate is kept"
     assert metric(queue, "workqueue_retries_total") == 7
@@ -303,7 +298,7 @@ def test_add_after_hands_out_keys_in_ready_time_order(
     queue.add_after("first", 0.01)
     queue.add_after("second", 0.02)
     clock.advance(1.0)  # all three ready at once: the heap decides the order
-    wait_until(lambda: queue.len() == 3, "all keys to become ready")
+    wait_until(lambda: queue.len() == 3, DEADLINE, "all keys to become ready", interval=POLL)
     assert [queue.get()[0] for _ in range(3)] == ["first", "second", "third"]
 
 
@@ -316,13 +311,13 @@ def test_a_superseded_delay_never_fires_later(
     queue.add_after("a", 0.05)  # ready at 100.05 ...
     queue.add_after("a", 0.01)  # ... superseded: ready at 100.01
     clock.now = 100.02
-    wait_until(lambda: queue.len() == 1, "the earlier entry to fire")
+    wait_until(lambda: queue.len() == 1, DEADLINE, "the earlier entry to fire", interval=POLL)
     assert queue.get() == ("a", False)
     queue.done("a")
     queue.add_after("a", 0.2)  # a new wait, ready at 100.22
     queue.add_after("marker", 0.06)  # ready at 100.08: popped after the stale 100.05 entry
     clock.now = 100.1
-    wait_until(lambda: queue.len() >= 1, "the marker to fire")
+    wait_until(lambda: queue.len() >= 1, DEADLINE, "the marker to fire", interval=POLL)
     assert queue.get() == ("marker", False), "the superseded 100.05 entry must not add 'a'"
     assert queue.num_waiting() == 1  # 'a' still waits for 100.22
 
@@ -333,7 +328,7 @@ def test_add_after_with_real_time_eventually_adds(
     queue = DelayingQueue[Hashable](unique_name())
     stopper(queue)
     queue.add_after(("ns", "a"), 0.005)
-    wait_until(lambda: queue.len() == 1, "the delayed key to be added")
+    wait_until(lambda: queue.len() == 1, DEADLINE, "the delayed key to be added", interval=POLL)
     assert queue.get() == (("ns", "a"), False)
 
 
@@ -402,7 +397,9 @@ def test_default_limiter_requeues_after_its_short_first_delay(
     queue = RateLimitingQueue[Hashable](unique_name())  # default: 5 ms, 10 ms, ...
     stopper(queue)
     queue.add_rate_limited(("ns", "a"))
-    wait_until(lambda: queue.len() == 1, "the rate-limited key to come back")
+    wait_until(
+        lambda: queue.len() == 1, DEADLINE, "the rate-limited key to come back", interval=POLL
+    )
     assert queue.get() == (("ns", "a"), False)
     assert queue.num_requeues(("ns", "a")) == 1
 
@@ -466,7 +463,9 @@ def test_durations_and_in_flight_gauges_follow_the_clock(
             metric(queue, "workqueue_unfinished_work_seconds") == 4.0
             and metric(queue, "workqueue_longest_running_processor_seconds") == 3.0
         ),
+        DEADLINE,
         "the in-flight gauges to be refreshed",
+        interval=POLL,
     )
     queue.done("a")
     queue.done("b")
@@ -477,7 +476,9 @@ def test_durations_and_in_flight_gauges_follow_the_clock(
             metric(queue, "workqueue_unfinished_work_seconds") == 0.0
             and metric(queue, "workqueue_longest_running_processor_seconds") == 0.0
         ),
+        DEADLINE,
         "the in-flight gauges to drop to zero",
+        interval=POLL,
     )
 
 
@@ -725,7 +726,9 @@ def test_threads_never_share_a_key_and_never_lose_one(
         producer_threads.join()
         wait_until(
             lambda: ledger.settled() and queue.num_waiting() == 0 and queue.len() == 0,
+            DEADLINE,
             "every added key to be processed after its last add",
+            interval=POLL,
         )
         assert ledger.violations == []
         assert ledger.unseen(ledger.version) == {}
@@ -820,7 +823,7 @@ def test_many_keys_through_four_workers_each_run_once(
     keys: list[Hashable] = [("ns", f"obj-{i}") for i in range(2000)]
     for i in range(2):
         threads.start(partial(add_all, keys[i::2]), f"producer-{i}")
-    wait_until(lambda: len(runs) == len(keys), "every key to run")
+    wait_until(lambda: len(runs) == len(keys), DEADLINE, "every key to run", interval=POLL)
     assert queue.shut_down_with_drain(DEADLINE)
     threads.join()
     assert set(runs) == set(keys)
