@@ -1,6 +1,6 @@
 """The real node: start-up time, pod create -> Running latency, and the node's idle memory.
 
-Starts a full local control plane and a real node (hack/localnode.py), then creates N plain pods
+Starts a full local control plane and a real node (envtest/node), then creates N plain pods
 (the static busybox test image, `sleep`) one after the other and times each from the create
 call's answer until the API shows it Running. Also prints the node's start-up steps and the RSS
 of kubelet + containerd + kube-proxy + CoreDNS after the node has been idle (no pod) a while.

@@ -420,7 +420,7 @@ class LocalCluster:
                 f"--cert-dir={self.workdir / 'pki'}",
                 "--profiling=false",
                 "--event-ttl=1h",
-                # Reach a kubelet (kubectl logs/exec on a real node, hack/localnode.py) by its
+                # Reach a kubelet (kubectl logs/exec on a real node, envtest/node) by its
                 # node IP: the default tries its host name first, a DNS query off the machine.
                 "--kubelet-preferred-address-types=InternalIP",
                 # The aggregation layer (APIServices), as a kubeadm cluster configures it.

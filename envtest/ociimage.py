@@ -8,7 +8,7 @@ Two small images are defined here because the local node needs them before anyth
 - the **pause** image (the pod sandbox): a static program that waits for a signal;
 - the **busybox** image for tests: Debian's static busybox (a shell, nc, wget, nslookup, httpd).
 
-    python hack/ociimage.py pause|busybox      # build (or find cached) and print the tar path
+    python -m envtest.ociimage pause|busybox     # build (or find cached) and print the tar path
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The node tier: real containers on a real kubelet (hack/localnode.py), on a control plane of
+"""The node tier: real containers on a real kubelet (envtest/node), on a control plane of
 its own, so that no other tier's pods are ever scheduled onto it.
 
 `LUMIGO_NODE=on` runs the tier; a missing component or kernel feature then fails its tests with

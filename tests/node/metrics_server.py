@@ -1,7 +1,7 @@
 """A real metrics-server (hack/install-tools metrics-server) serving metrics.k8s.io to a node
 tier cluster, as a process on this machine behind the APIService `v1beta1.metrics.k8s.io`.
 
-The API server's aggregation layer (hack/localcluster.py: --requestheader-*, --proxy-client-*)
+The API server's aggregation layer (envtest/cluster.py: --requestheader-*, --proxy-client-*)
 reaches it through an ExternalName Service (`localhost`, no kube-proxy here) and names the caller
 in X-Remote-User; metrics-server authenticates that through the cluster's
 extension-apiserver-authentication ConfigMap and authorizes it with SubjectAccessReviews (the

@@ -37,7 +37,7 @@ class LocalOlm:
 
 
 def _started(cluster: LocalCluster, name: str, args: list[str], env: dict[str, str]) -> Process:
-    # localcluster.Process passes no environment: env(1) sets it, then execs the tool in place,
+    # envtest.process.Process passes no environment: env(1) sets it, then execs the tool in place,
     # so the process group that Process.stop() signals is the tool's.
     assignments = [f"{k}={v}" for k, v in env.items()]
     proc = Process(
