@@ -53,16 +53,16 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar, cast
 
 from api import constants, eligibility
 from api.lumigo import LumigoSpec
 from kube import objects
 from kube.http.messages import quote
 from kube.jsonpatch import copy_json, equal, same
-from kube.objects import JSON
+from kube.objects import JSON, EnvVar
 from kube.quantity import parse_quantity, same_quantity
 from webhook import containers, storage
 
@@ -72,8 +72,9 @@ _TEMPLATE: Final = ("spec", "template")
 
 TARGET_DIRECTORY_ENV: Final = "TARGET_DIRECTORY"
 CHAINED_LD_PRELOAD: Final = f"{constants.LD_PRELOAD_VALUE}:$({constants.ENV_ORIGINAL_LD_PRELOAD})"
-_PLAIN_LD_PRELOAD: Final = {"name": constants.ENV_LD_PRELOAD, "value": constants.LD_PRELOAD_VALUE}
-_CHAINED_LD_PRELOAD: Final = {"name": constants.ENV_LD_PRELOAD, "value": CHAINED_LD_PRELOAD}
+T = TypeVar("T", bound=Mapping[str, Any])
+_PLAIN_LD_PRELOAD: Final = EnvVar(name=constants.ENV_LD_PRELOAD, value=constants.LD_PRELOAD_VALUE)
+_CHAINED_LD_PRELOAD: Final = EnvVar(name=constants.ENV_LD_PRELOAD, value=CHAINED_LD_PRELOAD)
 _INIT_ENV: Final = [{"name": TARGET_DIRECTORY_ENV, "value": constants.INJECTOR_TARGET_DIRECTORY}]
 _INIT_MOUNTS: Final = [
     {"name": constants.INJECTOR_VOLUME, "mountPath": constants.INJECTOR_TARGET_DIRECTORY}
@@ -228,7 +229,7 @@ class InjectionSettings:
             enable_logs=spec.logging.enabled,
         )
 
-    def lumigo_env(self, container_name: str) -> list[JSON]:
+    def lumigo_env(self, container_name: str) -> list[EnvVar]:
         """The env entries after LD_PRELOAD, in the reference's order."""
         return [
             {
@@ -482,7 +483,7 @@ def _inject_pod_spec(pod_spec: JSON, settings: InjectionSettings, traced: frozen
             _restore_env(container)
             continue
         _upsert(_list(container, "volumeMounts"), "mountPath", mount)
-        env = _list(container, "env")
+        env = _env(container)
         _inject_ld_preload(env)
         for entry in settings.lumigo_env(container["name"]):
             _upsert(env, "name", entry)
@@ -568,14 +569,19 @@ def _same_resources(stored: Any, wanted: JSON) -> bool:
     return True
 
 
-def _inject_ld_preload(env: list[JSON]) -> None:
+def _env(container: JSON) -> list[EnvVar]:
+    """The container's env list (created when missing), as `validate` checked it."""
+    return cast(list[EnvVar], _list(container, "env"))
+
+
+def _inject_ld_preload(env: list[EnvVar]) -> None:
     """Make LD_PRELOAD ours, keeping a user's own value as LUMIGO_ORIGINAL_LD_PRELOAD."""
     i = _index(env, constants.ENV_LD_PRELOAD)
     j = _index(env, constants.ENV_ORIGINAL_LD_PRELOAD)
     if i is None:
         if j is not None:
             del env[j]  # the user dropped their LD_PRELOAD: forget it
-        env.append(dict(_PLAIN_LD_PRELOAD))
+        env.append(EnvVar(**_PLAIN_LD_PRELOAD))
         return
     if not _is_our_ld_preload(env[i]):
         # The user's own (new or changed) LD_PRELOAD becomes the original; ours follows it.
@@ -586,7 +592,7 @@ def _inject_ld_preload(env: list[JSON]) -> None:
         env.insert(i + 1, _ours_after(env[i]))
         return
     if j is None:
-        env[i] = dict(_PLAIN_LD_PRELOAD)
+        env[i] = EnvVar(**_PLAIN_LD_PRELOAD)
         return
     if j > i:  # $(VAR) only expands variables defined earlier in the list
         env.insert(i, env.pop(j))
@@ -594,15 +600,15 @@ def _inject_ld_preload(env: list[JSON]) -> None:
     env[i] = _ours_after(env[j])
 
 
-def _ours_after(original: Mapping[str, Any]) -> JSON:
+def _ours_after(original: EnvVar) -> EnvVar:
     """Our LD_PRELOAD entry after the user's (kept as LUMIGO_ORIGINAL_LD_PRELOAD): chained with a
     `$(...)` reference, unless the kubelet may leave the original unset (an optional ConfigMap or
     Secret key that is missing) and so the reference verbatim, which ld.so would then try to load
     in every process. Such an original is chained by the injector when it is set."""
-    return dict(_PLAIN_LD_PRELOAD if _may_be_unset(original) else _CHAINED_LD_PRELOAD)
+    return EnvVar(**(_PLAIN_LD_PRELOAD if _may_be_unset(original) else _CHAINED_LD_PRELOAD))
 
 
-def _may_be_unset(entry: Mapping[str, Any]) -> bool:
+def _may_be_unset(entry: EnvVar) -> bool:
     source = entry.get("valueFrom")
     if not isinstance(source, Mapping):
         return False
@@ -610,7 +616,7 @@ def _may_be_unset(entry: Mapping[str, Any]) -> bool:
     return any(isinstance(ref, Mapping) and ref.get("optional") is True for ref in refs)
 
 
-def _is_our_ld_preload(entry: Mapping[str, Any]) -> bool:
+def _is_our_ld_preload(entry: EnvVar) -> bool:
     return equal(entry, _PLAIN_LD_PRELOAD) or equal(entry, _CHAINED_LD_PRELOAD)
 
 
@@ -630,7 +636,7 @@ def _list(holder: JSON, key: str) -> list[JSON]:
     return items
 
 
-def _index(items: list[JSON], name: str, key: str = "name") -> int | None:
+def _index(items: Sequence[Mapping[str, Any]], name: str, key: str = "name") -> int | None:
     for i, item in enumerate(items):
         if item.get(key) == name:
             return i
@@ -642,7 +648,7 @@ def _find(items: list[JSON], key: str, value: str) -> JSON | None:
     return None if i is None else items[i]
 
 
-def _upsert(items: list[JSON], key: str, new: JSON) -> None:
+def _upsert(items: list[T], key: str, new: T) -> None:
     """Replace the first item whose `key` matches in place, else append."""
     i = _index(items, new[key], key)
     if i is None:
@@ -722,7 +728,7 @@ def _is_our_init_container(container: JSON) -> bool:
 
 
 def _restore_env(container: JSON) -> bool:
-    env = container.get("env")
+    env: list[EnvVar] | None = container.get("env")
     if not env:
         return False
     before = len(env)
