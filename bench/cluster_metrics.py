@@ -4,7 +4,7 @@ endpoints, node-exporter, kube-state-metrics and the collector's own metrics),
 and the collectors' and kube-state-metrics' memory as the kubelet itself reports it. Printed,
 never asserted.
 
-Installs the chart with the images built here (tests/node/product.py: its own cluster, a real
+Installs the chart with the images built here (tests/support/product.py: its own cluster, a real
 node, an OTLP sink on the node's bridge address) with a token, so the cluster agent runs and
 scrapes the node's kubelet every 5 s; `--pods` plain app pods run meanwhile. For each setting it
 waits for the agent (re)started with it, then counts the distinct series (metric name, resource
@@ -21,8 +21,9 @@ import time
 from typing import Any
 
 from bench import benchkit
-from tests.e2e.packaging_support import CHART
-from tests.node.product import (
+from tests.support.otel import attrs
+from tests.support.packaging import CHART
+from tests.support.product import (
     OPERATOR_NS,
     RELEASE,
     Product,
@@ -30,7 +31,6 @@ from tests.node.product import (
     installed_product,
     wait_for,
 )
-from tests.support.otel import attrs
 
 ROOT = benchkit.ROOT
 

@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from bench import benchkit
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     PROGRAMS,
     OtlpReceiver,
     base_env,

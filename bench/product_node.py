@@ -1,7 +1,7 @@
 """The product on the real node: how long tracing takes to reach existing apps, what injection
 adds to a pod's start, and how many bytes the init container copies. Printed, never asserted.
 
-Installs the chart with the images built here (tests/node/product.py: its own cluster with pod
+Installs the chart with the images built here (tests/support/product.py: its own cluster with pod
 tokens, a real node, an OTLP sink on the node's bridge address), then:
 
 1. activation: N Flask Deployments run untraced; `kubectl apply` of the README's Lumigo; time
@@ -39,7 +39,7 @@ from typing import Any
 
 from bench import benchkit
 from envtest.process import wait_until
-from tests.node.product import (
+from tests.support.product import (
     Product,
     deployment,
     http_get,

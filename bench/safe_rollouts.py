@@ -2,7 +2,7 @@
 rollout budget, and how long a crash-looping instrumented workload takes to be reverted.
 Printed, never asserted.
 
-Installs the chart with the images built here (tests/node/product.py), then:
+Installs the chart with the images built here (tests/support/product.py), then:
 
 1. budgets: for each budget (1, 3 and 0 = no limit), N Flask Deployments run untraced in a fresh
    namespace; `kubectl apply` of a Lumigo with that `maxConcurrentRollouts`; time until every
@@ -26,15 +26,15 @@ from typing import Any
 
 from api import constants
 from bench import benchkit
-from tests.e2e.packaging_support import get_json
-from tests.node.product import (
+from tests.node.test_safe_rollouts import CONFLICT_APP
+from tests.support.packaging import get_json
+from tests.support.product import (
     Product,
     deployment,
     installed_product,
     rolled_out,
     wait_defaulter,
 )
-from tests.node.test_safe_rollouts import CONFLICT_APP
 
 ROOT = benchkit.ROOT
 

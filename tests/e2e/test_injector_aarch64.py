@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.injector_helpers import PROGRAMS, ROOT, TOKEN, compile_c
 from tests.e2e.test_injector_native import probe
+from tests.support.injector import PROGRAMS, ROOT, TOKEN, compile_c
 
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 SO = ROOT / "build" / "injector" / "aarch64" / "lumigo_injector.so"

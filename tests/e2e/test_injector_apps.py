@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     PROGRAMS,
     TOKEN,
     App,

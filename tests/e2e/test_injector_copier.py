@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     ROOT,
     container_env,
     init_container,

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from envtest.process import free_port, wait_until
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     PROGRAMS,
     OtlpReceiver,
     base_env,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     TOKEN,
     OtlpReceiver,
     base_env,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from api import constants
-from tests.e2e.injector_helpers import PROGRAMS, ROOT, compile_c, injected_pod_spec
+from tests.support.injector import PROGRAMS, ROOT, compile_c, injected_pod_spec
 
 JSON = dict[str, Any]
 SOURCES = {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.injector_helpers import PROGRAMS, ROOT, TOKEN, base_env, compile_c
+from tests.support.injector import PROGRAMS, ROOT, TOKEN, base_env, compile_c
 
 SO_BUILDS = ROOT / "build" / "injector"
 ARCHES = {"x86_64": "X86-64", "aarch64": "AArch64"}

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     PROGRAMS,
     TOKEN,
     App,

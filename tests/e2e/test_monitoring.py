@@ -18,7 +18,7 @@ from controller.runtime.kube import KubeClient
 from envtest.cluster import LocalCluster
 from envtest.operator import OperatorProcess
 from envtest.process import wait_until
-from tests.e2e.packaging_support import CHART, find, load_docs, render_chart
+from tests.support.packaging import CHART, find, load_docs, render_chart
 
 JSON = dict[str, Any]
 RULES = CHART / "files" / "monitoring" / "lumigo-operator-rules.yaml"

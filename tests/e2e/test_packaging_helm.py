@@ -25,7 +25,8 @@ from controller.runtime.kube import KubeClient
 from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS
-from tests.e2e.packaging_support import (
+from tests.support.checks import clean, has_event, is_active
+from tests.support.packaging import (
     CHART,
     CRD_NAME,
     OPERATOR_SA,
@@ -48,7 +49,6 @@ from tests.e2e.packaging_support import (
     telemetry_proxy_requests,
     telemetry_reconciler_requests,
 )
-from tests.support.checks import clean, has_event, is_active
 from tests.support.workloads import workload
 from webhook.injection_events import UNINSTALL_TRIGGER
 

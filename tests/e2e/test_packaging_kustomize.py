@@ -25,7 +25,8 @@ from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import CONFIGMAPS, DEPLOYMENTS, EVENTS, SECRETS
-from tests.e2e.packaging_support import (
+from tests.support.checks import clean, is_active
+from tests.support.packaging import (
     CRD_NAME,
     OPERATOR_SA,
     ROOT,
@@ -40,7 +41,6 @@ from tests.e2e.packaging_support import (
     telemetry_proxy_requests,
     telemetry_reconciler_requests,
 )
-from tests.support.checks import clean, is_active
 from tests.support.workloads import workload
 
 NAMESPACE = "lumigo-system"

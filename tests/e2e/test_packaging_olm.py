@@ -29,7 +29,8 @@ import yaml
 
 from envtest.cluster import LocalCluster
 from envtest.process import wait_until
-from tests.e2e.packaging_support import (
+from tests.support.olm import CSV_NAME, PACKAGE, LocalOlm, running_olm, subscribe
+from tests.support.packaging import (
     CRD_NAME,
     OPERATOR_SA,
     ROOT,
@@ -44,7 +45,6 @@ from tests.e2e.packaging_support import (
     telemetry_reconciler_requests,
     tool,
 )
-from tests.support.olm import CSV_NAME, PACKAGE, LocalOlm, running_olm, subscribe
 
 FULLNAME = "lumigo-lumigo-operator"
 DEPLOYMENT = f"{FULLNAME}-controller-manager"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from envtest.cluster import LocalCluster
-from tests.e2e.packaging_support import (
+from tests.support.packaging import (
     OPERATOR_SA,
     denied,
     load_docs,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from controller.options import RunOptions, add_run_flags, run_options
-from tests.e2e.packaging_support import load_docs, render_chart
+from tests.support.packaging import load_docs, render_chart
 
 RELEASE, NAMESPACE = "lumigo", "lumigo-system"
 

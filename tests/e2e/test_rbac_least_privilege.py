@@ -36,7 +36,8 @@ from controller.runtime.kube import KubeClient
 from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import DAEMONSETS, DEPLOYMENTS, JOBS, NODES, SECRETS
-from tests.e2e.packaging_support import (
+from tests.support.checks import TOKEN, clean, events_of, is_active, lumigo_yaml
+from tests.support.packaging import (
     CRD_NAME,
     OPERATOR_SA,
     ROOT,
@@ -46,7 +47,6 @@ from tests.e2e.packaging_support import (
     render_chart,
     service_account_kubeconfig,
 )
-from tests.support.checks import TOKEN, clean, events_of, is_active, lumigo_yaml
 from tests.support.workloads import KINDS, init_container_names, node_without_kubelet, workload
 
 NAMESPACE = "lumigo-system"

@@ -24,7 +24,7 @@ from controller.telemetry.config import MonitoredNamespace, Origin, render
 from envtest.cluster import LocalCluster
 from envtest.process import free_port, wait_until
 from kube.kinds import DEPLOYMENTS, NAMESPACES, PODS, REPLICASETS
-from tests.e2e.injector_helpers import (
+from tests.support.injector import (
     PROGRAMS,
     base_env,
     flask_python,

@@ -29,8 +29,8 @@ from controller.telemetry.watchdog import (
 from envtest.cluster import ROOT, LocalCluster
 from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, EVENTS, NAMESPACES, PODS, REPLICASETS, SECRETS
-from tests.e2e.packaging_support import service_account_kubeconfig
 from tests.support.otel import LogSeen, running_sink
+from tests.support.packaging import service_account_kubeconfig
 
 JSON = dict[str, Any]
 TOKEN = "t_0123456789abcdef01234"

@@ -51,10 +51,11 @@ from controller.telemetry.top import CPU_METRIC, CPU_UNIT, MEMORY_METRIC, MEMORY
 from controller.telemetry.watchdog import EVENTS_SCOPE, SERVICE_NAME
 from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
 from envtest.process import wait_until
-from tests.e2e.packaging_support import CHART, get_json
 from tests.node.conftest import NodeHolder
-from tests.node.metrics_server import running_metrics_server
-from tests.node.product import (
+from tests.support.metrics_server import running_metrics_server
+from tests.support.otel import LogSeen, MetricSeen, Received, attrs
+from tests.support.packaging import CHART, get_json
+from tests.support.product import (
     OPERATOR_NS,
     RELEASE,
     Product,
@@ -62,7 +63,6 @@ from tests.node.product import (
     installed_product,
     wait_for,
 )
-from tests.support.otel import LogSeen, MetricSeen, Received, attrs
 
 JSON = dict[str, Any]
 TOKEN = f"t_{uuid.uuid4().hex[:21]}"

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.node.runc_images import (
+from tests.support.runc_images import (
     ROOT,
     Container,
     archive_index,

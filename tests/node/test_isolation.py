@@ -11,7 +11,7 @@ import time
 
 from envtest.cluster import LocalCluster
 from envtest.node import LocalNode
-from tests.node.pods import apply, container, get, logs, pod, wait_pod
+from tests.support.pods import apply, container, get, logs, pod, wait_pod
 
 # Documentation addresses (RFC 5737): never a real host, and the firewall must stop them anyway.
 OUTSIDE_TCP = "203.0.113.1"

@@ -20,9 +20,16 @@ from api.marks import parse_time
 from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from controller.telemetry.restart import last_write
 from envtest.cluster import LocalCluster
-from tests.e2e.packaging_support import ROOT, deployment_available, get_json
 from tests.node.conftest import NodeHolder
-from tests.node.product import (
+from tests.support.olm import (
+    CSV_NAME,
+    PACKAGE,
+    running_olm,
+    subscribe,
+    wait_for_subscription_env,
+)
+from tests.support.packaging import ROOT, deployment_available, get_json
+from tests.support.product import (
     Product,
     apply_readme,
     deployment,
@@ -31,13 +38,6 @@ from tests.node.product import (
     node_sink,
     rolled_out,
     wait_for,
-)
-from tests.support.olm import (
-    CSV_NAME,
-    PACKAGE,
-    running_olm,
-    subscribe,
-    wait_for_subscription_env,
 )
 
 CSV = ROOT / "bundle" / "manifests" / f"{PACKAGE}.clusterserviceversion.yaml"

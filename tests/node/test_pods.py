@@ -11,7 +11,7 @@ import pytest
 
 from envtest.cluster import KubectlError, LocalCluster
 from envtest.node import LocalNode
-from tests.node.pods import (
+from tests.support.pods import (
     BUSYBOX_IMAGE,
     RESTRICTED_SECURITY,
     apply,

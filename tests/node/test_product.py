@@ -2,7 +2,7 @@
 builds, the seed README's Secret + Lumigo in a namespace running a Flask and an Express app, real
 spans through the telemetry proxy pod to an OTLP sink, and the way back when the Lumigo goes.
 
-One install serves the module (tests/node/product.py). The `shop` tests run in file order, each
+One install serves the module (tests/support/product.py). The `shop` tests run in file order, each
 building on the previous one's state as a user's session would (install, README flow, events,
 then removal last); the pod variants use namespaces of their own. The sink listens on the node's
 bridge address: the proxy pod reaches the node, never anything off the machine.
@@ -28,10 +28,11 @@ import yaml
 from controller.telemetry.config import EVENTS_SCOPE, HEARTBEAT_SCOPE, OBJECTS_SCOPE
 from controller.telemetry.proxy_reconciler import CONFIG_HASH_ANNOTATION
 from envtest.process import wait_until
-from tests.e2e.packaging_support import CHART, deployment_available, get_json, is_injected
 from tests.node.conftest import NodeHolder
-from tests.node.pods import BUSYBOX_IMAGE
-from tests.node.product import (
+from tests.support.otel import LogSeen
+from tests.support.packaging import CHART, deployment_available, get_json, is_injected
+from tests.support.pods import BUSYBOX_IMAGE
+from tests.support.product import (
     CLUSTER_NAME,
     MANAGER_SELECTOR,
     OPERATOR_NS,
@@ -49,7 +50,6 @@ from tests.node.product import (
     wait_defaulter,
     wait_for,
 )
-from tests.support.otel import LogSeen
 
 JSON = dict[str, Any]
 APPS_NS = "shop"

@@ -10,9 +10,9 @@ import json
 import uuid
 from typing import Any
 
-from tests.e2e.packaging_support import CHART, ROOT, HelmRelease, get_json
 from tests.node.conftest import NodeHolder
-from tests.node.product import (
+from tests.support.packaging import CHART, ROOT, HelmRelease, get_json
+from tests.support.product import (
     OPERATOR_NS,
     RELEASE,
     Product,

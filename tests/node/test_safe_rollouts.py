@@ -19,9 +19,9 @@ import pytest
 
 from api import constants
 from envtest.operator import metrics_reader_token, scrape
-from tests.e2e.packaging_support import get_json
 from tests.node.conftest import NodeHolder
-from tests.node.product import (
+from tests.support.packaging import get_json
+from tests.support.product import (
     OPERATOR_NS,
     Product,
     apply_readme,

@@ -12,7 +12,7 @@ from typing import Any
 from envtest.cluster import LocalCluster
 from envtest.node import LocalNode, cgroup_hierarchies
 from tests.node.conftest import NodeHolder
-from tests.node.pods import apply, container, pod, wait_pod
+from tests.support.pods import apply, container, pod, wait_pod
 
 
 def links() -> set[str]:

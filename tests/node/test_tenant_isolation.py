@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.packaging_support import get_json
 from tests.node.conftest import NodeHolder
-from tests.node.product import (
+from tests.node.test_product import proxy_settled
+from tests.support.packaging import get_json
+from tests.support.product import (
     OPERATOR_NS,
     Product,
     apply_readme,
@@ -30,7 +31,6 @@ from tests.node.product import (
     rolled_out,
     wait_for,
 )
-from tests.node.test_product import proxy_settled
 
 JSON = dict[str, Any]
 FORGED = 10_000

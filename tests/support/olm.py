@@ -22,7 +22,7 @@ import yaml
 
 from envtest.cluster import LocalCluster
 from envtest.process import Process, free_port, wait_until
-from tests.e2e.packaging_support import BIN, CRD_NAME, ROOT, get_json, tool
+from tests.support.packaging import BIN, CRD_NAME, ROOT, get_json, tool
 
 PACKAGE = "lumigo-operator"
 CSV_NAME = "lumigo-operator.v0.1.0"

@@ -37,7 +37,7 @@ from webhook.pod_injection import InjectionSettings, inject
 
 ROOT = Path(__file__).resolve().parents[2]
 
-PROGRAMS = Path(__file__).parent / "injector_programs"
+PROGRAMS = ROOT / "tests" / "e2e" / "injector_programs"
 CACHE = Path(
     os.environ.get("LUMIGO_CACHE_DIR", Path.home() / ".cache" / "lumigo-operator")
 ).expanduser()

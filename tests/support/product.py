@@ -24,10 +24,10 @@ from typing import Any
 from envtest.cluster import FAKE_NODE, LocalCluster
 from envtest.node import LocalNode
 from envtest.process import wait_until
-from tests.e2e.packaging_support import CHART, HelmRelease, get_json
 from tests.node.conftest import NodeHolder
-from tests.node.pods import wait_pod
 from tests.support.otel import OTLPSink
+from tests.support.packaging import CHART, HelmRelease, get_json
+from tests.support.pods import wait_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "build" / "images" / "manifest.json"
