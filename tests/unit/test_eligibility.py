@@ -1,5 +1,5 @@
 """Whether a workload may be instrumented (`api.eligibility`): the one rule the webhook and the
-controller share, and the typed accessors it reads through (`api.objects`)."""
+controller share, and the typed accessors it reads through (`kube.objects`)."""
 
 from __future__ import annotations
 
