@@ -76,8 +76,9 @@ images: system-deps payload ## Build the container images from Debian packages, 
 
 .PHONY: test
 test: venv system-deps ## Install what is missing, then run every test tier
-	@# The tool builds (CPU), the payload's downloads (network) and lint overlap on a cold machine.
-	$(MAKE) --no-print-directory -j3 --output-sync=line tools payload lint
+	@# The tool builds (CPU), the payload's downloads (network) and lint overlap on a cold machine
+	@# (their lines interleave; each says which step it comes from).
+	$(MAKE) --no-print-directory -j3 tools payload lint
 	$(MAKE) --no-print-directory images
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
