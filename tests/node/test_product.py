@@ -2,9 +2,11 @@
 builds, the seed README's Secret + Lumigo in a namespace running a Flask and an Express app, real
 spans through the telemetry proxy pod to an OTLP sink, and the way back when the Lumigo goes.
 
-One install serves the module (tests/support/product.py). The `shop` tests run in file order, each
-building on the previous one's state as a user's session would (install, README flow, events,
-then removal last); the pod variants use namespaces of their own. The sink listens on the node's
+One install serves the module (tests/support/product.py). The state the tests share is built by
+module fixtures: `product` (the install), `original_specs` (the `shop` apps before any Lumigo) and
+`shop_traced` (the README's Lumigo applied there, the apps rolled out traced), so any one test
+runs alone with `pytest path::name`; in file order the upgrade, removal and uninstall tests come
+last. The pod variants use namespaces of their own. The sink listens on the node's
 bridge address: the proxy pod reaches the node, never anything off the machine.
 """
 
@@ -80,6 +82,26 @@ def original_specs(product: Product) -> dict[str, JSON]:
             "template"
         ]
     return specs
+
+
+@pytest.fixture(scope="module")
+def shop_traced(product: Product, original_specs: dict[str, JSON]) -> dict[str, str]:
+    """The seed README's Secret + Lumigo applied in the `shop` namespace, once per module, and
+    its apps rolled out instrumented: any test of the traced shop runs alone. Returns the names
+    of the apps' pods from before the Lumigo, so that the README test can see them replaced."""
+    before = {name: product.pods(APPS_NS, f"app={name}")[0]["metadata"]["name"] for name in APPS}
+    product.kubectl("apply", "-n", APPS_NS, "-f", "-", input=readme_yaml(TOKEN))
+    for name in APPS:
+
+        def new_pod(n: str = name) -> JSON | None:
+            pods = product.pods(APPS_NS, f"app={n}")
+            if len(pods) == 1 and pods[0]["metadata"]["name"] != before[n]:
+                return pods[0]
+            return None
+
+        wait_for(new_pod, 180, f"a new pod of {name}")
+        rolled_out(product, APPS_NS, name)
+    return before
 
 
 def full(product: Product) -> str:
@@ -170,10 +192,9 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
 
 
 def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
-    product: Product, original_specs: dict[str, JSON]
+    product: Product, shop_traced: dict[str, str]
 ) -> None:
-    before = {name: product.pods(APPS_NS, f"app={name}")[0]["metadata"]["name"] for name in APPS}
-    product.kubectl("apply", "-n", APPS_NS, "-f", "-", input=readme_yaml(TOKEN))
+    before = shop_traced  # the apps' pods before the README's Lumigo was applied
 
     for name in APPS:
         # The pods roll: a new pod that ran the lumigo-injector init container to exit 0.
@@ -230,7 +251,7 @@ def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
 
 
 def test_the_api_server_calls_the_injector_for_an_update_from_anyone_but_the_operator(
-    product: Product, original_specs: dict[str, JSON]
+    product: Product, original_specs: dict[str, JSON], shop_traced: dict[str, str]
 ) -> None:
     """The chart's matchConditions name the operator's ServiceAccount as the API server sees it:
     the same update of an instrumented Deployment back to its original template, run on the
@@ -271,9 +292,9 @@ def records_of(product: Product, namespace: str, kind: str, name: str | None = N
 
 
 def test_the_namespace_events_and_objects_reach_the_sink_with_its_token(
-    product: Product, original_specs: dict[str, JSON]
+    product: Product, original_specs: dict[str, JSON], shop_traced: dict[str, str]
 ) -> None:
-    # The README's Lumigo (applied by the previous test) enables Kubernetes events by default.
+    # The README's Lumigo (the shop_traced fixture) enables Kubernetes events by default.
     deployments = wait_for(
         lambda: records_of(product, APPS_NS, "Deployment", "flask"),
         120,
@@ -780,7 +801,7 @@ def test_a_token_the_upstream_refuses_leaves_the_app_serving_and_shows_in_the_pr
 
 
 def test_the_sink_down_for_60_s_leaves_the_apps_answering_and_the_spans_arrive_afterwards(
-    product: Product, original_specs: dict[str, JSON]
+    product: Product, original_specs: dict[str, JSON], shop_traced: dict[str, str]
 ) -> None:
     # The queue is in memory: a proxy rolled during the outage (the namespaces earlier tests
     # activated change its configuration) would lose what it held. This is about retries.
@@ -857,7 +878,10 @@ def webhook_failures(product: Product) -> list[str]:
 
 
 def test_helm_upgrade_to_a_changed_chart_keeps_the_certificate_instrumentation_and_lumigoes(
-    product: Product, original_specs: dict[str, JSON], tmp_path: Path
+    product: Product,
+    original_specs: dict[str, JSON],
+    shop_traced: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     fullname = full(product)
     certs = f"{fullname}-lumigo-injector-webhook-certs"
@@ -1084,7 +1108,7 @@ def apps_settled(product: Product) -> None:
 
 
 def test_deleting_the_lumigo_rolls_the_apps_back_and_nothing_arrives_afterwards(
-    product: Product, original_specs: dict[str, JSON]
+    product: Product, original_specs: dict[str, JSON], shop_traced: dict[str, str]
 ) -> None:
     barrier_ns, barrier_pod = traced_barrier(product)
     product.kubectl("delete", "lumigo", "lumigo", "-n", APPS_NS, "--timeout=120s")
