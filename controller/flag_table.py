@@ -22,7 +22,7 @@ import argparse
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -209,11 +209,24 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
     return cast(Callable[..., T], cls)(**{k: v for k, v in vars(args).items() if k in names})
 
 
-def pick(cls: type[T], source: object, **given: object) -> T:
+def pick(
+    cls: type[T],
+    source: object,
+    names: Mapping[str, str | None] | None = None,
+    **given: object,
+) -> T:
     """A component's settings dataclass `cls`: each field is `given`, or else `source`'s
-    option of the same name (or the field's own default when `source` has none)."""
+    option of the same name, or of the name `names` declares for that field (`None`: no
+    option fills it), or else the field's own default when `source` has no such option."""
+    renamed = names or {}
+    fields = dataclasses.fields(cast(Any, cls))
+    if unknown := set(renamed) - {f.name for f in fields}:
+        raise TypeError(f"{cls.__name__} has no field {sorted(unknown)}")
+    if missing := {n for n in renamed.values() if n is not None and not hasattr(source, n)}:
+        raise TypeError(f"no option {sorted(missing)} for {cls.__name__}")
     values = dict(given)
-    for f in dataclasses.fields(cast(Any, cls)):
-        if f.init and f.name not in values and hasattr(source, f.name):
-            values[f.name] = getattr(source, f.name)
+    for f in fields:
+        name = renamed.get(f.name, f.name)
+        if f.init and f.name not in values and name is not None and hasattr(source, name):
+            values[f.name] = getattr(source, name)
     return cast(Callable[..., T], cls)(**values)

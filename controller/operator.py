@@ -24,7 +24,7 @@ from controller.lumigo.resources import WORKLOADS, WORKLOADS_BY_KIND
 from controller.lumigo.revert import PodReader, Reverter
 from controller.lumigo.skipped import STORAGE_PROBLEM, storage_state
 from controller.lumigo.workload_health import Thresholds
-from controller.options import RunOptions
+from controller.options import RunOptions, component_settings
 from controller.runtime.events import EventRecorder
 from controller.runtime.informer import Informer, Selection, metadata_projection
 from controller.runtime.kube import KubeClient
@@ -225,24 +225,15 @@ def _add_telemetry(
     lumigoes: Informer,
     workloads: dict[str, Informer],
 ) -> None:
-    target = ProxyTarget(
-        namespace=opts.namespace,
-        secret_name=opts.telemetry_proxy_config_secret,
-        deployment_name=opts.telemetry_proxy_deployment,
-    )
-    settings = ProxySettings(
+    # The proxy's and the agent's settings: the options of the same or the declared name
+    # (controller.options.RENAMED).
+    target = component_settings(ProxyTarget, opts)
+    settings = component_settings(
+        ProxySettings,
+        opts,
         upstream_endpoint=opts.telemetry_upstream_endpoint or DEFAULT_UPSTREAM,
-        upstream_logs_endpoint=opts.telemetry_upstream_logs_endpoint,
-        upstream_metrics_endpoint=opts.telemetry_upstream_metrics_endpoint,
-        origin=Origin(
-            cluster_name=opts.cluster_name,
-            operator_version=opts.operator_version,
-            deployment_method=opts.deployment_method,
-        ),
-        lease_namespace=opts.namespace,
-        heartbeat_interval=opts.telemetry_heartbeat_interval,
-        redaction=Redaction(opts.telemetry_redact_env_values, opts.telemetry_redact_annotations),
-        k8s_enricher=opts.telemetry_proxy_enricher,
+        origin=pick(Origin, opts),
+        redaction=component_settings(Redaction, opts),
     )
     telemetry = TelemetryProxyReconciler(
         client,
@@ -255,31 +246,9 @@ def _add_telemetry(
     manager.add_controller(telemetry.controller())
     agent = ClusterAgentReconciler(
         client,
-        AgentTarget(
-            namespace=opts.namespace,
-            daemonset_name=opts.cluster_agent_daemonset,
-            proxy_deployment=opts.telemetry_proxy_deployment,
-            token_secret=opts.cluster_token_secret,
-            token_key=opts.cluster_token_key,
-            pod_logs_dir=opts.pod_logs_dir,
-            state_dir=opts.cluster_agent_state_dir,
-            node_exporter_image=opts.node_exporter_image,
-        ),
-        AgentSettings(
-            operator_namespace=opts.namespace,
-            logs=opts.cluster_logs,
-            metrics=MetricsSettings(
-                enabled=opts.cluster_metrics,
-                interval=opts.cluster_metrics_frequency,
-                essential_only=opts.cluster_metrics_essential_only,
-                essential=opts.cluster_metrics_essential_names,
-                kubelet_port=opts.kubelet_port,
-                kube_state_metrics_selector=opts.kube_state_metrics_selector,
-                upstream_endpoint=opts.telemetry_upstream_metrics_endpoint,
-            ),
-            include=opts.cluster_logs_include,
-            exclude=opts.cluster_logs_exclude,
-            proxy=settings,
+        component_settings(AgentTarget, opts),
+        component_settings(
+            AgentSettings, opts, metrics=component_settings(MetricsSettings, opts), proxy=settings
         ),
         enabled=opts.cluster_logs or opts.cluster_metrics,
     )

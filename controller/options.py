@@ -15,6 +15,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from api import __version__, constants
 from controller.flag_table import (
@@ -26,15 +27,23 @@ from controller.flag_table import (
     parse_duration,
     parse_name_list,
     parse_names,
+    pick,
 )
+from controller.telemetry.agent import AgentTarget
 from controller.telemetry.agent_config import (
     DEFAULT_FREQUENCY,
     ESSENTIAL_METRICS,
     KUBE_STATE_METRICS_SELECTOR,
+    AgentSettings,
     InvalidLogRuleError,
     LogFileRule,
+    MetricsSettings,
 )
-from controller.telemetry.redaction import InvalidRedactionError, parse_patterns
+from controller.telemetry.config import ProxySettings
+from controller.telemetry.proxy_reconciler import ProxyTarget
+from controller.telemetry.redaction import InvalidRedactionError, Redaction, parse_patterns
+
+T = TypeVar("T")
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -421,6 +430,54 @@ class RunOptions:
         "where cluster metrics go ('' = the traces endpoint)",
         env="LUMIGO_METRICS_ENDPOINT",
     )
+
+
+# The components' settings are filled by `component_settings` from the same-named options,
+# except these fields, whose option has another name (None: no option fills it). The one place
+# a setting's name differs from its option's.
+RENAMED: dict[type, dict[str, str | None]] = {
+    ProxyTarget: {
+        "secret_name": "telemetry_proxy_config_secret",
+        "deployment_name": "telemetry_proxy_deployment",
+    },
+    ProxySettings: {
+        "upstream_logs_endpoint": "telemetry_upstream_logs_endpoint",
+        "upstream_metrics_endpoint": "telemetry_upstream_metrics_endpoint",
+        "lease_namespace": "namespace",
+        "heartbeat_interval": "telemetry_heartbeat_interval",
+        "k8s_enricher": "telemetry_proxy_enricher",
+        "log_level": None,  # the proxy's, not the operator's --log-level
+    },
+    Redaction: {
+        "env_values": "telemetry_redact_env_values",
+        "annotations": "telemetry_redact_annotations",
+    },
+    AgentTarget: {
+        "daemonset_name": "cluster_agent_daemonset",
+        "proxy_deployment": "telemetry_proxy_deployment",
+        "token_secret": "cluster_token_secret",
+        "token_key": "cluster_token_key",
+        "state_dir": "cluster_agent_state_dir",
+    },
+    AgentSettings: {
+        "operator_namespace": "namespace",
+        "logs": "cluster_logs",
+        "include": "cluster_logs_include",
+        "exclude": "cluster_logs_exclude",
+    },
+    MetricsSettings: {
+        "enabled": "cluster_metrics",
+        "interval": "cluster_metrics_frequency",
+        "essential_only": "cluster_metrics_essential_only",
+        "essential": "cluster_metrics_essential_names",
+        "upstream_endpoint": "telemetry_upstream_metrics_endpoint",
+    },
+}
+
+
+def component_settings(cls: type[T], opts: object, **given: object) -> T:
+    """A component's settings `cls` from the options `opts` (see RENAMED), `given` aside."""
+    return pick(cls, opts, RENAMED.get(cls), **given)
 
 
 def serving_secret(opts: RunOptions) -> str:

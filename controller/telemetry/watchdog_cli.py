@@ -8,24 +8,21 @@ import signal
 import threading
 
 from api import constants
+from controller.flag_table import pick
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import DEFAULT_UPSTREAM, logs_url, metrics_url
 from controller.telemetry.watchdog import Watchdog, WatchdogSettings
 
 
 def run_watchdog(args: argparse.Namespace) -> int:
-    settings = WatchdogSettings(
-        namespace=args.namespace,
+    # Namespace, token Secret/key, intervals and cluster name: the same-named options.
+    settings = pick(
+        WatchdogSettings,
+        args,
         logs_endpoint=logs_url(args.logs_endpoint or DEFAULT_UPSTREAM),
-        token_secret=args.token_secret,
-        token_key=args.token_key,
-        interval=args.interval,
-        metrics_interval=args.metrics_interval,
         metrics_endpoint=""
         if args.metrics_endpoint == "none"
         else metrics_url(args.metrics_endpoint or DEFAULT_UPSTREAM),
-        top_interval=args.top_interval,
-        cluster_name=args.cluster_name or "",
         own_pod=os.environ.get("POD_NAME", ""),
     )
     watchdog = Watchdog(

@@ -327,3 +327,134 @@ def test_component_settings_take_the_same_named_options() -> None:
         "image-volume",
         "http://proxy",
     )
+
+
+def test_telemetry_settings_take_their_declared_options() -> None:
+    """The proxy's, the agent's and the watchdog's settings and targets come from the options
+    of the same name or of the name controller.options.RENAMED declares: each field checked."""
+    import argparse
+
+    from controller.flag_table import add_flags, pick
+    from controller.options import WatchdogOptions, component_settings
+    from controller.telemetry.agent import AgentTarget
+    from controller.telemetry.agent_config import AgentSettings, LogFileRule, MetricsSettings
+    from controller.telemetry.config import Origin, ProxySettings
+    from controller.telemetry.proxy_reconciler import ProxyTarget
+    from controller.telemetry.redaction import Redaction
+    from controller.telemetry.watchdog import WatchdogSettings
+
+    rule = LogFileRule("ns*", "p*", "c*")
+    opts = RunOptions(
+        namespace="ns1",
+        log_level="debug",
+        operator_version="9.9",
+        cluster_name="c1",
+        deployment_method="kustomize",
+        telemetry_upstream_logs_endpoint="https://l.example",
+        telemetry_upstream_metrics_endpoint="https://m.example",
+        telemetry_heartbeat_interval="2h",
+        telemetry_redact_env_values=True,
+        telemetry_redact_annotations=("a/*",),
+        telemetry_proxy_enricher=True,
+        telemetry_proxy_deployment="pd",
+        telemetry_proxy_config_secret="cfg",
+        cluster_agent_daemonset="ds",
+        cluster_token_secret="ts",
+        cluster_token_key="tk",
+        pod_logs_dir="/x",
+        cluster_agent_state_dir="/y",
+        node_exporter_image="ne:1",
+        cluster_logs=False,
+        cluster_logs_include=(rule,),
+        cluster_logs_exclude=(rule, rule),
+        cluster_metrics=True,
+        cluster_metrics_frequency="20s",
+        cluster_metrics_essential_only=True,
+        cluster_metrics_essential_names=("up",),
+        kubelet_port=1234,
+        kube_state_metrics_selector="a=b",
+    )
+    proxy = component_settings(
+        ProxySettings,
+        opts,
+        upstream_endpoint="https://u.example",
+        origin=pick(Origin, opts),
+        redaction=component_settings(Redaction, opts),
+    )
+    assert proxy == ProxySettings(
+        upstream_endpoint="https://u.example",
+        upstream_logs_endpoint="https://l.example",
+        upstream_metrics_endpoint="https://m.example",
+        origin=Origin(cluster_name="c1", operator_version="9.9", deployment_method="kustomize"),
+        lease_namespace="ns1",
+        heartbeat_interval="2h",
+        redaction=Redaction(env_values=True, annotations=("a/*",)),
+        k8s_enricher=True,
+    )
+    assert proxy.log_level == "info"  # the proxy's own, not the operator's --log-level
+    assert component_settings(ProxyTarget, opts) == ProxyTarget(
+        namespace="ns1", secret_name="cfg", deployment_name="pd"
+    )
+    assert component_settings(AgentTarget, opts) == AgentTarget(
+        namespace="ns1",
+        daemonset_name="ds",
+        proxy_deployment="pd",
+        token_secret="ts",
+        token_key="tk",
+        pod_logs_dir="/x",
+        state_dir="/y",
+        node_exporter_image="ne:1",
+    )
+    metrics = component_settings(MetricsSettings, opts)
+    assert metrics == MetricsSettings(
+        enabled=True,
+        interval="20s",
+        essential_only=True,
+        essential=("up",),
+        kubelet_port=1234,
+        upstream_endpoint="https://m.example",
+        kube_state_metrics_selector="a=b",
+    )
+    assert component_settings(AgentSettings, opts, metrics=metrics, proxy=proxy) == AgentSettings(
+        operator_namespace="ns1",
+        logs=False,
+        metrics=metrics,
+        include=(rule,),
+        exclude=(rule, rule),
+        proxy=proxy,
+    )
+    parser = argparse.ArgumentParser()
+    add_flags(parser, WatchdogOptions)
+    args = parser.parse_args(
+        [
+            "--namespace=w",
+            "--token-secret=s",
+            "--token-key=k",
+            "--interval=3s",
+            "--metrics-interval=4s",
+            "--top-interval=5s",
+            "--cluster-name=cc",
+        ]
+    )
+    assert pick(WatchdogSettings, args, logs_endpoint="L", own_pod="me") == WatchdogSettings(
+        namespace="w",
+        logs_endpoint="L",
+        token_secret="s",
+        token_key="k",
+        interval=3.0,
+        metrics_interval=4.0,
+        top_interval=5.0,
+        cluster_name="cc",
+        own_pod="me",
+        metrics_endpoint=args.metrics_endpoint,
+    )
+
+
+def test_pick_refuses_a_declared_name_that_is_no_field_or_no_option() -> None:
+    from controller.flag_table import pick
+    from controller.telemetry.config import Origin
+
+    with pytest.raises(TypeError, match="no field"):
+        pick(Origin, RunOptions(), {"cluster": "cluster_name"})
+    with pytest.raises(TypeError, match="no option"):
+        pick(Origin, RunOptions(), {"cluster_name": "kubernetes_cluster_name"})
