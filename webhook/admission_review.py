@@ -165,15 +165,7 @@ def parse_review(body: bytes, content_type: str | None) -> AdmissionRequest:
         raise BadRequest("the request body is empty: expected an AdmissionReview")
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"the request body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        # UTF-8 only, as the API server sends (json.loads would also take UTF-16/32 or a BOM).
-        document = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
-    except RecursionError:
-        raise BadRequest("the JSON body is nested too deeply") from None
-    except UnicodeDecodeError as err:
-        raise BadRequest(f"the request body is not UTF-8 text: {err.reason}") from None
-    except ValueError as err:
-        raise BadRequest(f"the request body is not valid JSON: {err}") from None
+    document = _decode_json(body)
     if not isinstance(document, dict):
         raise BadRequest("the request body must be a JSON object (an AdmissionReview)")
     api_version, kind = document.get("apiVersion"), document.get("kind")
@@ -188,6 +180,19 @@ def parse_review(body: bytes, content_type: str | None) -> AdmissionRequest:
     if not isinstance(request, dict):
         raise BadRequest("the AdmissionReview has no 'request' object")
     return _request(request)
+
+
+def _decode_json(body: bytes) -> Any:
+    """The JSON document of a request body; raises BadRequest naming why it cannot be read."""
+    try:
+        # UTF-8 only, as the API server sends (json.loads would also take UTF-16/32 or a BOM).
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise BadRequest("the JSON body is nested too deeply") from None
+    except UnicodeDecodeError as err:
+        raise BadRequest(f"the request body is not UTF-8 text: {err.reason}") from None
+    except ValueError as err:
+        raise BadRequest(f"the request body is not valid JSON: {err}") from None
 
 
 def _reject_constant(name: str) -> Any:
