@@ -93,16 +93,9 @@ class MutateHandler:
             )
 
         if request.operation == "CREATE":
-            try:
-                existing = list(self.lumigoes.list(namespace))
-            except Exception as err:
-                log.warning(
-                    "cannot list Lumigo resources",
-                    extra={"namespace": namespace, "error": str(err)},
-                )
-                return errored(request, 500, LIST_FAILED.format(namespace=namespace, error=err))
-            if existing:
-                return deny(request, ALREADY_EXISTS.format(namespace=namespace))
+            refused = self._refuse_second(request, namespace)
+            if refused is not None:
+                return refused
 
         name, key = _secret_ref(spec)
         if name is None or name == "":
@@ -114,6 +107,21 @@ class MutateHandler:
         except InvalidSpecError as err:
             return deny(request, str(err), 422, "Invalid")
         return patched(request, diff(obj, {**obj, "spec": defaulted}))
+
+    def _refuse_second(self, request: AdmissionRequest, namespace: str) -> AdmissionResponse | None:
+        """The refusal of a CREATE in a namespace that already has a Lumigo resource (or whose
+        Lumigo resources cannot be listed); None when the namespace has none."""
+        try:
+            existing = list(self.lumigoes.list(namespace))
+        except Exception as err:
+            log.warning(
+                "cannot list Lumigo resources",
+                extra={"namespace": namespace, "error": str(err)},
+            )
+            return errored(request, 500, LIST_FAILED.format(namespace=namespace, error=err))
+        if existing:
+            return deny(request, ALREADY_EXISTS.format(namespace=namespace))
+        return None
 
 
 def _secret_ref(spec: Mapping[str, Any] | None) -> tuple[Any, Any]:
