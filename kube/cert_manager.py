@@ -246,6 +246,13 @@ class CertWriter:
         if self._write_serving_secret(plan.state):
             return None
         bundle_b64 = base64.b64encode(plan.state.bundle_pem).decode()
+        return None if self._patch_bundles(configs, bundle_b64) else plan.next_check
+
+    def _patch_bundles(
+        self, configs: Sequence[tuple[Resource, str, JSON | None]], bundle_b64: str
+    ) -> bool:
+        """Set `bundle_b64` as the caBundle of every webhook configuration that exists (a missing
+        one is logged once); whether any was patched."""
         patched = False
         for resource, name, obj in configs:
             if obj is None:
@@ -258,7 +265,7 @@ class CertWriter:
                 continue
             self._missing_logged.discard(name)
             patched |= self._patch_bundle(resource, name, obj, bundle_b64)
-        return None if patched else plan.next_check
+        return patched
 
     def _recover(
         self,
