@@ -464,21 +464,8 @@ class WatchStream:
                 raise _api_error(resp, "WATCH", self._path)
             try:
                 for line in resp.iter_lines(chunk_size=None):
-                    if not line:
-                        continue
-                    event = json.loads(line)
-                    kind, obj = event.get("type", ""), event.get("object") or {}
-                    if kind == "ERROR":
-                        raise ApiError(
-                            int(obj.get("code", 500)),
-                            str(obj.get("message", "watch error")),
-                            str(obj.get("reason", "")),
-                            obj,
-                        )
-                    if kind != "BOOKMARK":
-                        obj.setdefault("apiVersion", resource.api_version)
-                        obj.setdefault("kind", resource.kind)
-                    yield kind, obj
+                    if line:
+                        yield _watch_event(line, resource)
             except (requests.RequestException, ValueError, OSError) as err:
                 if self._is_closed():
                     return
@@ -488,6 +475,24 @@ class WatchStream:
             if self._response is not None:
                 self._response.close()
             self._http.session.close()
+
+
+def _watch_event(line: bytes, resource: Resource) -> tuple[str, JSON]:
+    """The type and object of one line of a watch stream (the object's apiVersion and kind filled
+    in, but for a BOOKMARK); raises ApiError for an ERROR event."""
+    event = json.loads(line)
+    kind, obj = event.get("type", ""), event.get("object") or {}
+    if kind == "ERROR":
+        raise ApiError(
+            int(obj.get("code", 500)),
+            str(obj.get("message", "watch error")),
+            str(obj.get("reason", "")),
+            obj,
+        )
+    if kind != "BOOKMARK":
+        obj.setdefault("apiVersion", resource.api_version)
+        obj.setdefault("kind", resource.kind)
+    return kind, obj
 
 
 def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
