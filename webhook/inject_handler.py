@@ -224,27 +224,9 @@ class InjectHandler:
             removed = self._remove_opted_out(subject, lumigoes)
             if removed is not None:
                 return removed
-        if not lumigoes:
-            if (subject.label or "").lower() != constants.AUTO_TRACE_TRUE:
-                message = NO_LUMIGO.format(namespace=namespace)
-                return _Decision(allow(request, message), "skipped", "no-lumigo")
-            source = _Source("label-opt-in", namespace, subject.name)
-        else:
-            lumigo = governing(lumigoes)
-            assert lumigo is not None
-            spec = lumigo.get("spec")
-            if _injection_disabled(spec):
-                message = INJECTION_DISABLED.format(namespace=namespace)
-                return _Decision(allow(request, message), "skipped", "injection-disabled")
-            if not in_effect(lumigo):
-                # Being deleted: the controller is removing instrumentation from the namespace,
-                # so new workloads must not get it either.
-                message = NOT_ACTIVE.format(namespace=namespace)
-                return _Decision(allow(request, message), "skipped", "not-active")
-            meta = objects.metadata(lumigo)
-            source = _Source(
-                "lumigo", str(meta.get("namespace", namespace)), str(meta.get("name", "")), spec
-            )
+        source = _source(subject, lumigoes)
+        if isinstance(source, _Decision):
+            return source
         if subject.label == constants.AUTO_TRACE_SKIP_NEXT_INJECTOR:
             return _Decision(
                 patched(request, diff(subject.obj, _without_label(subject.obj))),
@@ -438,6 +420,30 @@ def _is_retry_after_revert(request: AdmissionRequest, kind: str) -> bool:
         and marks.is_reverted(request.old_object)
         and not marks.is_reverted(request.object or {})
     )
+
+
+def _source(subject: _Subject, lumigoes: Sequence[Mapping[str, Any]]) -> _Source | _Decision:
+    """Where the settings come from: the namespace's governing Lumigo resource, or the
+    workload's own opt-in label when there is none; or why nothing is injected."""
+    request, namespace = subject.request, subject.namespace
+    if not lumigoes:
+        if (subject.label or "").lower() != constants.AUTO_TRACE_TRUE:
+            message = NO_LUMIGO.format(namespace=namespace)
+            return _Decision(allow(request, message), "skipped", "no-lumigo")
+        return _Source("label-opt-in", namespace, subject.name)
+    lumigo = governing(lumigoes)
+    assert lumigo is not None
+    spec = lumigo.get("spec")
+    if _injection_disabled(spec):
+        message = INJECTION_DISABLED.format(namespace=namespace)
+        return _Decision(allow(request, message), "skipped", "injection-disabled")
+    if not in_effect(lumigo):
+        # Being deleted: the controller is removing instrumentation from the namespace,
+        # so new workloads must not get it either.
+        message = NOT_ACTIVE.format(namespace=namespace)
+        return _Decision(allow(request, message), "skipped", "not-active")
+    meta = objects.metadata(lumigo)
+    return _Source("lumigo", str(meta.get("namespace", namespace)), str(meta.get("name", "")), spec)
 
 
 def _injection_disabled(spec: Any) -> bool:
