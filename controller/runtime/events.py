@@ -414,13 +414,8 @@ class EventRecorder:
         """
         kind, name = str(involved.get("kind", "")), str(involved.get("name", ""))
         namespace = str(involved.get("namespace", ""))
-        resource = self._resources.get(kind)
-        if resource is None or not name:
-            if pending.verify:
-                self._dropping("invalid-object", pending.reason)
-            return False
-        if pending.verify and not _valid_name(namespace, name):
-            self._dropping("invalid-object", pending.reason)  # no API call for what cannot be
+        resource = self._resource_of(pending, kind, namespace, name)
+        if resource is None:
             return False
         now = time.monotonic()
         if waiting is None:
@@ -451,6 +446,22 @@ class EventRecorder:
         elif pending.verify:
             self._dropping("not-found", pending.reason)
         return False
+
+    def _resource_of(
+        self, pending: PendingEvent, kind: str, namespace: str, name: str
+    ) -> Resource | None:
+        """The API resource to look the involved object up in; None when it cannot be: an
+        unknown kind or no name, or (`verify`) a name the API would not accept. An admission
+        event (`verify`) is then dropped."""
+        resource = self._resources.get(kind)
+        if resource is None or not name:
+            if pending.verify:
+                self._dropping("invalid-object", pending.reason)
+            return None
+        if pending.verify and not _valid_name(namespace, name):
+            self._dropping("invalid-object", pending.reason)  # no API call for what cannot be
+            return None
+        return resource
 
     def _is_named(self, pending: PendingEvent, obj: JSON) -> bool:
         """Whether `obj` (found by kind, namespace and name) is the object an event names: any

@@ -296,24 +296,27 @@ class Informer:
             if kind == "BOOKMARK":
                 self._resource_version = rv or self._resource_version
                 continue
-            obj = self._prepare(raw)
-            if kind in ("ADDED", "MODIFIED"):
-                with self._handlers_lock:  # store, then hand out: see add_handler
-                    old = self.store.upsert(obj)
-                    handlers = list(self._handlers)
-                for h in handlers:
-                    if old is None:
-                        self._call(h.on_add, obj)
-                    else:
-                        self._call(h.on_update, old, obj)
-            elif kind == "DELETED":
-                with self._handlers_lock:
-                    old = self.store.delete(key_of(obj))
-                    handlers = list(self._handlers)
-                for h in handlers:
-                    self._call(h.on_delete, old or obj)
+            self._apply(kind, self._prepare(raw))
             if rv:
                 self._resource_version = rv
+
+    def _apply(self, kind: str, obj: JSON) -> None:
+        """Apply one ADDED, MODIFIED or DELETED watch event to the store, then hand it out."""
+        if kind in ("ADDED", "MODIFIED"):
+            with self._handlers_lock:  # store, then hand out: see add_handler
+                old = self.store.upsert(obj)
+                handlers = list(self._handlers)
+            for h in handlers:
+                if old is None:
+                    self._call(h.on_add, obj)
+                else:
+                    self._call(h.on_update, old, obj)
+        elif kind == "DELETED":
+            with self._handlers_lock:
+                old = self.store.delete(key_of(obj))
+                handlers = list(self._handlers)
+            for h in handlers:
+                self._call(h.on_delete, old or obj)
 
     def _prepare(self, obj: JSON) -> JSON:
         obj.setdefault("apiVersion", self.resource.api_version)
