@@ -55,22 +55,34 @@ class VolumeMount(TypedDict, total=False):
     name: str
     mountPath: str
     readOnly: bool
+    subPath: str
+
+
+class Volume(TypedDict, total=False):
+    name: str
+    emptyDir: dict[str, str]
+    image: dict[str, str]
 
 
 class Container(TypedDict, total=False):
     name: str
     image: str
+    imagePullPolicy: str
     env: list[EnvVar]
     volumeMounts: list[VolumeMount]
     resources: dict[str, dict[str, str]]
     securityContext: dict[str, object]
+    terminationMessagePath: str
+    terminationMessagePolicy: str
 
 
 class PodSpec(TypedDict, total=False):
     containers: list[Container]
     initContainers: list[Container]
-    volumes: list[dict[str, object]]
+    volumes: list[Volume]
     os: dict[str, str]
+    securityContext: dict[str, object]
+    resources: dict[str, dict[str, str]]
 
 
 class PodTemplate(TypedDict, total=False):

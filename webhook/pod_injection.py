@@ -55,14 +55,14 @@ import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, Literal, TypeVar
 
 from api import constants, eligibility
 from api.lumigo import LumigoSpec
 from kube import objects
 from kube.http.messages import quote
 from kube.jsonpatch import copy_json, equal, same
-from kube.objects import JSON, EnvVar
+from kube.objects import JSON, Container, EnvVar, PodSpec, Volume, VolumeMount
 from kube.quantity import parse_quantity, same_quantity
 from webhook import containers, storage
 
@@ -75,13 +75,17 @@ CHAINED_LD_PRELOAD: Final = f"{constants.LD_PRELOAD_VALUE}:$({constants.ENV_ORIG
 T = TypeVar("T", bound=Mapping[str, Any])
 _PLAIN_LD_PRELOAD: Final = EnvVar(name=constants.ENV_LD_PRELOAD, value=constants.LD_PRELOAD_VALUE)
 _CHAINED_LD_PRELOAD: Final = EnvVar(name=constants.ENV_LD_PRELOAD, value=CHAINED_LD_PRELOAD)
-_INIT_ENV: Final = [{"name": TARGET_DIRECTORY_ENV, "value": constants.INJECTOR_TARGET_DIRECTORY}]
+_INIT_ENV: Final = [EnvVar(name=TARGET_DIRECTORY_ENV, value=constants.INJECTOR_TARGET_DIRECTORY)]
 _INIT_MOUNTS: Final = [
-    {"name": constants.INJECTOR_VOLUME, "mountPath": constants.INJECTOR_TARGET_DIRECTORY}
+    VolumeMount(name=constants.INJECTOR_VOLUME, mountPath=constants.INJECTOR_TARGET_DIRECTORY)
 ]
 # Fields the API server fills in on a stored container. Keeping them on our init container makes
 # `inject` a no-op on an already-injected stored object (no patch, no event on every update).
-_SERVER_DEFAULTED: Final = ("terminationMessagePath", "terminationMessagePolicy")
+_ServerDefaulted = Literal["terminationMessagePath", "terminationMessagePolicy"]
+_SERVER_DEFAULTED: Final[tuple[_ServerDefaulted, ...]] = (
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+)
 
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _DNS_SUBDOMAIN = re.compile(
@@ -141,7 +145,7 @@ class InitContainerResources:
                     f"init container {resource} request {request} exceeds its limit {limit}"
                 )
 
-    def as_dict(self, guaranteed: bool) -> JSON:
+    def as_dict(self, guaranteed: bool) -> dict[str, dict[str, str]]:
         limits = {"cpu": self.limits_cpu, "memory": self.limits_memory}
         if guaranteed:
             return {"limits": limits, "requests": dict(limits)}
@@ -415,7 +419,7 @@ def inject(obj: Mapping[str, Any], settings: InjectionSettings, kind: str | None
     if skip_reason(result, kind) is not None:
         return result
     template = _get(result, pod_template_path(kind))
-    pod_spec = template["spec"]
+    pod_spec: PodSpec = template["spec"]
     traced = container_selection(result, kind).traced
     # Every container left out, or a copy that would get the pod evicted: nothing of ours in
     # the pod at all (removed if it was there).
@@ -457,39 +461,41 @@ def container_selection(obj: Mapping[str, Any], kind: str | None = None) -> cont
     return containers.select(annotations, names)
 
 
-def _inject_pod_spec(pod_spec: JSON, settings: InjectionSettings, traced: frozenset[str]) -> None:
-    mount = {
-        "name": constants.INJECTOR_VOLUME,
-        "readOnly": True,
-        "mountPath": constants.LUMIGO_MOUNT_PATH,
-    }
+def _inject_pod_spec(
+    pod_spec: PodSpec, settings: InjectionSettings, traced: frozenset[str]
+) -> None:
+    mount = VolumeMount(
+        name=constants.INJECTOR_VOLUME, readOnly=True, mountPath=constants.LUMIGO_MOUNT_PATH
+    )
     if settings.injection_mode == constants.INJECTION_MODE_IMAGE_VOLUME:
         image = {"reference": settings.injector_image, "pullPolicy": settings.injector_pull_policy}
-        volume: JSON = {"name": constants.INJECTOR_VOLUME, "image": image}
+        volume = Volume(name=constants.INJECTOR_VOLUME, image=image)
         mount["subPath"] = constants.PAYLOAD_IMAGE_PATH
         _drop(pod_spec, "initContainers", _is_our_init_container)  # switched from the copy
     else:
-        volume = {
-            "name": constants.INJECTOR_VOLUME,
-            "emptyDir": {"sizeLimit": constants.INJECTOR_VOLUME_SIZE_LIMIT},
-        }
-        init_containers = _list(pod_spec, "initContainers")
+        volume = Volume(
+            name=constants.INJECTOR_VOLUME,
+            emptyDir={"sizeLimit": constants.INJECTOR_VOLUME_SIZE_LIMIT},
+        )
+        init_containers = _init_containers(pod_spec)
         existing = _find(init_containers, "name", constants.INJECTOR_INIT_CONTAINER)
         _upsert(init_containers, "name", _init_container(pod_spec, settings, existing))
-    _upsert(_list(pod_spec, "volumes"), "name", volume)
+    _upsert(_volumes(pod_spec), "name", volume)
     for container in pod_spec.get("containers") or []:
         if container["name"] not in traced:  # left out (again, or since): nothing of ours
             _drop(container, "volumeMounts", _is_our_mount)
             _restore_env(container)
             continue
-        _upsert(_list(container, "volumeMounts"), "mountPath", mount)
+        _upsert(_mounts(container), "mountPath", mount)
         env = _env(container)
         _inject_ld_preload(env)
         for entry in settings.lumigo_env(container["name"]):
             _upsert(env, "name", entry)
 
 
-def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON | None) -> JSON:
+def _init_container(
+    pod_spec: PodSpec, settings: InjectionSettings, existing: Container | None
+) -> Container:
     pod_context = pod_spec.get("securityContext") or {}
     fs_group = pod_context.get("fsGroup")
     # The reference runs as the pod's fsGroup so the copy is writable; fsGroup 0 would mean root,
@@ -508,14 +514,14 @@ def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON 
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    container: JSON = {
-        "name": constants.INJECTOR_INIT_CONTAINER,
-        "image": settings.injector_image,
-        "imagePullPolicy": settings.injector_pull_policy,
-        "env": copy_json(_INIT_ENV),
-        "volumeMounts": copy_json(_INIT_MOUNTS),
-        "securityContext": context,
-    }
+    container = Container(
+        name=constants.INJECTOR_INIT_CONTAINER,
+        image=settings.injector_image,
+        imagePullPolicy=settings.injector_pull_policy,
+        env=copy_json(_INIT_ENV),
+        volumeMounts=copy_json(_INIT_MOUNTS),
+        securityContext=context,
+    )
     # Pod-level resources cap every container: ours must not exceed them, so leave ours unset
     # ({} is how the API server stores "unset": the field is not omitempty).
     if pod_spec.get("resources"):
@@ -531,7 +537,7 @@ def _init_container(pod_spec: JSON, settings: InjectionSettings, existing: JSON 
     return container
 
 
-def _is_guaranteed(pod_spec: JSON) -> bool:
+def _is_guaranteed(pod_spec: PodSpec) -> bool:
     """Guaranteed QoS: every container has cpu and memory limits equal to its requests."""
     containers = [
         *(pod_spec.get("containers") or []),
@@ -545,8 +551,9 @@ def _is_guaranteed(pod_spec: JSON) -> bool:
         return False
     for container in containers:
         resources = container.get("resources") or {}
-        limits = resources.get("limits") or {}
-        requests = resources.get("requests") or {}
+        # From the wire, unchecked by `validate`: the sections may be anything.
+        limits: object = resources.get("limits") or {}
+        requests: object = resources.get("requests") or {}
         if not isinstance(limits, Mapping) or not isinstance(requests, Mapping):
             return False
         for resource in ("cpu", "memory"):
@@ -557,7 +564,7 @@ def _is_guaranteed(pod_spec: JSON) -> bool:
     return True
 
 
-def _same_resources(stored: Any, wanted: JSON) -> bool:
+def _same_resources(stored: object, wanted: Mapping[str, Mapping[str, str]]) -> bool:
     if not isinstance(stored, Mapping) or stored.keys() != wanted.keys():
         return False
     for section, amounts in wanted.items():
@@ -569,9 +576,21 @@ def _same_resources(stored: Any, wanted: JSON) -> bool:
     return True
 
 
-def _env(container: JSON) -> list[EnvVar]:
+def _env(container: Container) -> list[EnvVar]:
     """The container's env list (created when missing), as `validate` checked it."""
-    return cast(list[EnvVar], _list(container, "env"))
+    return _list(container, "env")
+
+
+def _mounts(container: Container) -> list[VolumeMount]:
+    return _list(container, "volumeMounts")
+
+
+def _volumes(pod_spec: PodSpec) -> list[Volume]:
+    return _list(pod_spec, "volumes")
+
+
+def _init_containers(pod_spec: PodSpec) -> list[Container]:
+    return _list(pod_spec, "initContainers")
 
 
 def _inject_ld_preload(env: list[EnvVar]) -> None:
@@ -629,10 +648,13 @@ def _set_label(holder: JSON, value: str) -> None:
     meta["labels"][constants.LABEL_AUTO_TRACE] = value
 
 
-def _list(holder: JSON, key: str) -> list[JSON]:
-    if holder.get(key) is None:
-        holder[key] = []
-    items: list[JSON] = holder[key]
+def _list(holder: Container | PodSpec, key: str) -> list[Any]:
+    """`holder[key]`, a list (created when missing or null), as `validate` checked it: the typed
+    wrappers above name which list."""
+    fields: JSON = holder  # type: ignore[assignment]  # a TypedDict is a dict at run time
+    if fields.get(key) is None:
+        fields[key] = []
+    items: list[Any] = fields[key]
     return items
 
 
@@ -643,7 +665,7 @@ def _index(items: Sequence[Mapping[str, Any]], name: str, key: str = "name") -> 
     return None
 
 
-def _find(items: list[JSON], key: str, value: str) -> JSON | None:
+def _find(items: list[T], key: str, value: str) -> T | None:
     i = _index(items, value, key)
     return None if i is None else items[i]
 
@@ -671,14 +693,14 @@ def remove(obj: Mapping[str, Any], kind: str | None = None) -> JSON:
     if objects.is_deployment_owned(result, kind):
         return result
     template = _get(result, pod_template_path(kind))
-    pod_spec = template["spec"]
+    pod_spec: PodSpec = template["spec"]
     if _remove_pod_spec(pod_spec):
         _drop_label(result)
         _drop_label(template)
     return result
 
 
-def _remove_pod_spec(pod_spec: JSON) -> bool:
+def _remove_pod_spec(pod_spec: PodSpec) -> bool:
     changed = _drop(pod_spec, "initContainers", _is_our_init_container)
     for container in pod_spec.get("containers") or []:
         # The env names we inject are the Lumigo tracer's own: a container we never instrumented
@@ -698,7 +720,7 @@ def _remove_pod_spec(pod_spec: JSON) -> bool:
     return changed
 
 
-def _carries_our_instrumentation(container: JSON) -> bool:
+def _carries_our_instrumentation(container: Container) -> bool:
     """Our payload mount, our LD_PRELOAD, or the user's LD_PRELOAD we set aside."""
     if any(_is_our_mount(m) for m in container.get("volumeMounts") or []):
         return True
@@ -709,17 +731,17 @@ def _carries_our_instrumentation(container: JSON) -> bool:
     ) is not None
 
 
-def _is_our_mount(mount: JSON) -> bool:
+def _is_our_mount(mount: VolumeMount) -> bool:
     return mount.get("name") == constants.INJECTOR_VOLUME
 
 
-def _is_our_volume(volume: JSON) -> bool:
+def _is_our_volume(volume: Volume) -> bool:
     return volume.get("name") == constants.INJECTOR_VOLUME and (
         "emptyDir" in volume or "image" in volume
     )
 
 
-def _is_our_init_container(container: JSON) -> bool:
+def _is_our_init_container(container: Container) -> bool:
     return (
         container.get("name") == constants.INJECTOR_INIT_CONTAINER
         and equal(container.get("env"), _INIT_ENV)
@@ -727,8 +749,8 @@ def _is_our_init_container(container: JSON) -> bool:
     )
 
 
-def _restore_env(container: JSON) -> bool:
-    env: list[EnvVar] | None = container.get("env")
+def _restore_env(container: Container) -> bool:
+    env = container.get("env")
     if not env:
         return False
     before = len(env)
@@ -749,17 +771,20 @@ def _restore_env(container: JSON) -> bool:
     return renamed or len(env) != before
 
 
-def _drop(holder: JSON, key: str, is_ours: Callable[[JSON], bool]) -> bool:
-    items = holder.get(key)
+def _drop(holder: Container | PodSpec, key: str, is_ours: Callable[[T], bool]) -> bool:
+    """Remove from the list `holder[key]` the items `is_ours` says are ours (and the list when
+    nothing is left)."""
+    fields: JSON = holder  # type: ignore[assignment]  # a TypedDict is a dict at run time
+    items: list[T] | None = fields.get(key)
     if not items:
         return False
     kept = [item for item in items if not is_ours(item)]
     if len(kept) == len(items):
         return False
     if kept:
-        holder[key] = kept
+        fields[key] = kept
     else:
-        del holder[key]
+        del fields[key]
     return True
 
 
