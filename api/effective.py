@@ -11,31 +11,29 @@ than any other, so it counts as the newest.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
 
 from api import constants
+from api.lumigo import Lumigo
 from kube import objects
 
-L = TypeVar("L", bound=Mapping[str, Any])
 
-
-def governing(lumigoes: Iterable[L]) -> L | None:
+def governing(lumigoes: Iterable[Lumigo]) -> Lumigo | None:
     """The Lumigo that governs its namespace (all of `lumigoes` from one namespace), or None."""
     return min(lumigoes, key=_age, default=None)
 
 
-def in_effect(lumigo: Mapping[str, Any]) -> bool:
+def in_effect(lumigo: Lumigo) -> bool:
     """The governing Lumigo applies: it is Active and not being deleted."""
     return is_active(lumigo) and not objects.is_being_deleted(lumigo)
 
 
-def effective(lumigoes: Iterable[L]) -> L | None:
+def effective(lumigoes: Iterable[Lumigo]) -> Lumigo | None:
     """The Lumigo that takes effect in a namespace, or None when the governing one does not."""
     lumigo = governing(lumigoes)
     return lumigo if lumigo is not None and in_effect(lumigo) else None
 
 
-def is_active(lumigo: Mapping[str, Any]) -> bool:
+def is_active(lumigo: Lumigo) -> bool:
     """Its status has an `Active` condition with status "True"."""
     status = lumigo.get("status")
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
@@ -49,6 +47,6 @@ def is_active(lumigo: Mapping[str, Any]) -> bool:
     )
 
 
-def _age(lumigo: Mapping[str, Any]) -> tuple[bool, str, str]:
+def _age(lumigo: Lumigo) -> tuple[bool, str, str]:
     created = objects.created(lumigo)
     return (created == "", created, objects.name(lumigo))

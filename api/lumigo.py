@@ -28,6 +28,7 @@ class Condition(TypedDict, total=False):
     reason: str
     message: str
     lastTransitionTime: str
+    lastUpdateTime: str
     observedGeneration: int
 
 

@@ -49,13 +49,13 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from prometheus_client import Counter
 
 from api import constants, eligibility, marks
 from api.effective import governing, in_effect
-from api.lumigo import load_spec
+from api.lumigo import Lumigo, load_spec
 from kube import objects
 from kube.http.routing import BadRequest
 from kube.jsonpatch import diff
@@ -213,7 +213,8 @@ class InjectHandler:
         if subject.refusal == eligibility.BEING_DELETED:
             return _Decision(allow(request, BEING_DELETED), "skipped", subject.refusal)
         try:
-            lumigoes = list(self.lumigoes.list(namespace))
+            # The cache holds what the API server returned: Lumigo resources.
+            lumigoes = cast(list[Lumigo], list(self.lumigoes.list(namespace)))
         except Exception as err:
             log.warning(
                 "cannot list Lumigo resources", extra={**_log_fields(subject), "error": str(err)}
@@ -238,9 +239,7 @@ class InjectHandler:
         return self._inject(subject, source)
 
     # -- removal on opt-out ----------------------------------------------------------------------
-    def _remove_opted_out(
-        self, subject: _Subject, lumigoes: Sequence[Mapping[str, Any]]
-    ) -> _Decision | None:
+    def _remove_opted_out(self, subject: _Subject, lumigoes: Sequence[Lumigo]) -> _Decision | None:
         """The patch that removes our instrumentation from a workload just labelled `false`, or
         None when there is nothing to remove (or it cannot be: a Job's template is immutable)."""
         request, kind = subject.request, subject.request.kind.kind
@@ -422,7 +421,7 @@ def _is_retry_after_revert(request: AdmissionRequest, kind: str) -> bool:
     )
 
 
-def _source(subject: _Subject, lumigoes: Sequence[Mapping[str, Any]]) -> _Source | _Decision:
+def _source(subject: _Subject, lumigoes: Sequence[Lumigo]) -> _Source | _Decision:
     """Where the settings come from: the namespace's governing Lumigo resource, or the
     workload's own opt-in label when there is none; or why nothing is injected."""
     request, namespace = subject.request, subject.namespace

@@ -36,10 +36,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from api import constants
 from api.effective import governing
-from api.lumigo import InvalidSpecError, LumigoSpec, load_spec
+from api.lumigo import InvalidSpecError, Lumigo, LumigoSpec, load_spec
 from api.marks import ROLLING_KINDS, is_reverted
 from controller.lumigo import monitored, plan, removal, skipped
 from controller.lumigo import status as st
@@ -102,10 +103,10 @@ class LumigoReconciler:
 
     # -- entry point ---------------------------------------------------------------------------
     def reconcile(self, key: ObjectKey) -> Result:
-        lumigo = self.lumigoes.get(key.namespace, key.name)
-        if lumigo is None:
+        cached = self.lumigoes.get(key.namespace, key.name)
+        if cached is None:
             return Result()  # gone: its finalizer already did the cleanup
-        lumigo = copy.deepcopy(lumigo)
+        lumigo = cast(Lumigo, copy.deepcopy(cached))  # the cache holds what the API server sent
         if objects.is_being_deleted(lumigo):
             self._finalize(lumigo)
             return Result()
@@ -146,7 +147,7 @@ class LumigoReconciler:
         return Result(requeue_after=self.rollout_poll if busy else self.resync_period)
 
     # -- validation ----------------------------------------------------------------------------
-    def _problem(self, lumigo: JSON) -> tuple[str | None, str, LumigoSpec | None]:
+    def _problem(self, lumigo: Lumigo) -> tuple[str | None, str, LumigoSpec | None]:
         namespace = objects.namespace(lumigo)
         excluded = st.excluded_namespace_problem(namespace, self.operator_namespace)
         if excluded is not None:
@@ -177,14 +178,14 @@ class LumigoReconciler:
             return problem, st.REASON_INVALID_SECRET, None
         return None, "", spec
 
-    def effective_lumigo(self, namespace: str) -> JSON | None:
+    def effective_lumigo(self, namespace: str) -> Lumigo | None:
         """The namespace's governing Lumigo (`api.effective`); the others are duplicates."""
-        return governing(self.lumigoes.store.list(namespace))
+        return governing(cast(list[Lumigo], self.lumigoes.store.list(namespace)))
 
     # -- instrumentation -----------------------------------------------------------------------
     def _instrument_namespace(
         self,
-        lumigo: JSON,
+        lumigo: Lumigo,
         spec: LumigoSpec,
         first_activation: bool,
         left_out: dict[Target, tuple[JSON, str]],
@@ -312,7 +313,7 @@ class LumigoReconciler:
         ]
         return st.sort_instrumented(refs)
 
-    def _remove_opted_out(self, lumigo: JSON) -> list[Outcome]:
+    def _remove_opted_out(self, lumigo: Lumigo) -> list[Outcome]:
         """Clean the workloads labelled `false` that still carry our instrumentation."""
         namespace, name = objects.namespace(lumigo), objects.name(lumigo)
         targets = plan.opted_out_to_clean(
@@ -351,12 +352,12 @@ class LumigoReconciler:
         return st.sort_instrumented(refs)
 
     # -- deletion ------------------------------------------------------------------------------
-    def _finalize(self, lumigo: JSON) -> None:
+    def _finalize(self, lumigo: Lumigo) -> None:
         """Ours to finalize: what deleting a Lumigo does (`removal`), shared with uninstall."""
         if constants.FINALIZER in objects.finalizers(lumigo):
             removal.finalize(self.client, self.instrumenter, lumigo)
 
-    def _ensure_finalizer(self, lumigo: JSON) -> JSON:
+    def _ensure_finalizer(self, lumigo: Lumigo) -> Lumigo:
         meta = lumigo["metadata"]
         finalizers = objects.finalizers(lumigo)
         if constants.FINALIZER in finalizers:
@@ -367,12 +368,13 @@ class LumigoReconciler:
                 "resourceVersion": meta["resourceVersion"],  # 409 if the cache was stale
             }
         }
-        return self.client.merge_patch(LUMIGOES, meta["name"], patch, meta["namespace"])
+        patched = self.client.merge_patch(LUMIGOES, meta["name"], patch, meta["namespace"])
+        return cast(Lumigo, patched)
 
     # -- status --------------------------------------------------------------------------------
     def _write_status(
         self,
-        lumigo: JSON,
+        lumigo: Lumigo,
         updates: list[st.ConditionUpdate],
         instrumented: list[JSON],
         extra: JSON | None = None,
@@ -397,8 +399,7 @@ class LumigoReconciler:
             current["status"] = new_status
             return current
 
-        cached = copy.deepcopy(lumigo)
-        fresh = desired(cached)
+        fresh = desired(copy.deepcopy(dict(lumigo)))
         if fresh is None:
             return
         try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from api import constants, eligibility
+from api.lumigo import LumigoStatus
 from api.marks import ROLLING_KINDS
 from controller.lumigo import status as st
 from controller.lumigo.instrumentation import Target, is_opted_out_but_instrumented, target_order
@@ -35,10 +36,10 @@ class Selection:
     jobs: list[Target]  # Jobs the controller cannot change: an event each
 
 
-def activation_time(status: Mapping[str, Any] | None, now: str) -> str:
+def activation_time(status: LumigoStatus | None, now: str) -> str:
     """When the Lumigo became active: its Active condition's lastTransitionTime while True,
     else `now` (becoming active in this reconcile)."""
-    active = st.condition(dict(status or {}), constants.CONDITION_ACTIVE)
+    active = st.condition(status, constants.CONDITION_ACTIVE)
     if active is not None and active.get("status") == "True":
         return str(active.get("lastTransitionTime", ""))
     return now

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from api import constants
 from api.effective import is_active
-from api.lumigo import InvalidSpecError, load_spec
+from api.lumigo import InvalidSpecError, Lumigo, load_spec
 from controller.lumigo import monitored
 from controller.lumigo.instrumentation import (
     InstrumentationIncomplete,
@@ -29,7 +29,6 @@ from controller.lumigo.resources import LUMIGOES, WORKLOADS
 from controller.runtime.kube import KubeClient
 from kube import objects
 from kube.kinds import JOBS
-from kube.objects import JSON
 from kube.rest import ApiError
 from webhook import injection_events
 
@@ -41,7 +40,7 @@ class Finalized(NamedTuple):
     finalizer_removed: bool  # False: the Lumigo was already gone
 
 
-def finalize(client: KubeClient, instrumenter: Instrumenter, lumigo: JSON) -> Finalized:
+def finalize(client: KubeClient, instrumenter: Instrumenter, lumigo: Lumigo) -> Finalized:
     """Remove the namespace's instrumentation if wanted, then our finalizer. Raises
     InstrumentationIncomplete (the finalizer kept) if some workload could not be changed."""
     changed = remove_instrumentation(client, instrumenter, lumigo) if removal_wanted(lumigo) else 0
@@ -50,7 +49,7 @@ def finalize(client: KubeClient, instrumenter: Instrumenter, lumigo: JSON) -> Fi
     return Finalized(changed, remove_finalizer(client, lumigo))
 
 
-def others_remain(client: KubeClient, lumigo: JSON) -> bool:
+def others_remain(client: KubeClient, lumigo: Lumigo) -> bool:
     """Another Lumigo of the namespace that is not being deleted (it keeps the label)."""
     meta = lumigo["metadata"]
     items, _ = client.list(LUMIGOES, meta["namespace"])
@@ -60,7 +59,7 @@ def others_remain(client: KubeClient, lumigo: JSON) -> bool:
     )
 
 
-def removal_wanted(lumigo: JSON) -> bool:
+def removal_wanted(lumigo: Lumigo) -> bool:
     """Active, injecting, and `removeLumigoFromResourcesOnDeletion` set."""
     if not is_active(lumigo):
         return False
@@ -72,7 +71,7 @@ def removal_wanted(lumigo: JSON) -> bool:
     return injection.enabled and injection.remove_lumigo_from_resources_on_deletion
 
 
-def remove_instrumentation(client: KubeClient, instrumenter: Instrumenter, lumigo: JSON) -> int:
+def remove_instrumentation(client: KubeClient, instrumenter: Instrumenter, lumigo: Lumigo) -> int:
     """Un-instrument the Lumigo's namespace; how many workloads changed."""
     meta = lumigo["metadata"]
     namespace = meta["namespace"]
@@ -119,7 +118,7 @@ def instrumented_targets(client: KubeClient, namespace: str | None = None) -> li
     return labelled_targets(client, namespace).instrumented
 
 
-def remove_finalizer(client: KubeClient, lumigo: JSON) -> bool:
+def remove_finalizer(client: KubeClient, lumigo: Lumigo) -> bool:
     """Drop our finalizer (409 if the object changed meanwhile); False if it was gone."""
     meta = lumigo["metadata"]
     finalizers = [f for f in meta.get("finalizers") or [] if f != constants.FINALIZER]

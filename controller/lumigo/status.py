@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 
 from api import constants
-from api.lumigo import SecretRef
+from api.lumigo import Condition, Lumigo, LumigoStatus, SecretRef
 from kube import objects
 from kube.objects import JSON
 
@@ -128,10 +128,10 @@ class ConditionUpdate:
 
 
 def apply_conditions(
-    existing: list[JSON], updates: list[ConditionUpdate], generation: int, now: str
-) -> list[JSON]:
+    existing: list[Condition], updates: list[ConditionUpdate], generation: int, now: str
+) -> list[Condition]:
     """The new condition list (a copy); `existing` is not modified."""
-    out = [dict(c) for c in existing]
+    out = [c.copy() for c in existing]
     for update in updates:
         status = "True" if update.status else "False"
         current = next((c for c in out if c.get("type") == update.type), None)
@@ -139,15 +139,15 @@ def apply_conditions(
             if not update.status:
                 continue  # the reference appends a condition only when it first becomes True
             out.append(
-                {
-                    "type": update.type,
-                    "status": status,
-                    "lastTransitionTime": now,
-                    "lastUpdateTime": now,
-                    "message": update.message,
-                    "reason": update.reason,
-                    "observedGeneration": generation,
-                }
+                Condition(
+                    type=update.type,
+                    status=status,
+                    lastTransitionTime=now,
+                    lastUpdateTime=now,
+                    message=update.message,
+                    reason=update.reason,
+                    observedGeneration=generation,
+                )
             )
             continue
         changed = (
@@ -160,23 +160,26 @@ def apply_conditions(
             current["lastTransitionTime"] = now
         if changed:
             current.update(
-                status=status,
-                message=update.message,
-                reason=update.reason,
-                observedGeneration=generation,
-                lastUpdateTime=now,
+                Condition(
+                    status=status,
+                    message=update.message,
+                    reason=update.reason,
+                    observedGeneration=generation,
+                    lastUpdateTime=now,
+                )
             )
     return out
 
 
-def condition(status: JSON | None, type_: str) -> JSON | None:
+def condition(status: LumigoStatus | None, type_: str) -> Condition | None:
+    """A copy of the status's condition of type `type_`, or None."""
     for c in (status or {}).get("conditions") or []:
         if c.get("type") == type_:
-            return dict(c)
+            return c.copy()
     return None
 
 
-def was_ever_activated(obj: JSON) -> bool:
+def was_ever_activated(obj: Lumigo) -> bool:
     """The reference's "just created" test, negated: an Active condition exists at all."""
     return condition(obj.get("status"), constants.CONDITION_ACTIVE) is not None
 

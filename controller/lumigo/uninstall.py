@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
+from api.lumigo import Lumigo
 from controller.lumigo import removal
 from controller.lumigo.instrumentation import InstrumentationIncomplete, Instrumenter
 from controller.lumigo.resources import LUMIGOES
 from controller.runtime.kube import KubeClient
-from kube.objects import JSON
 from kube.rest import ApiError
 from webhook.injection_events import UNINSTALL_COMPONENT, UNINSTALL_TRIGGER
 
@@ -40,14 +41,14 @@ class UninstallReport:
         return not self.failures
 
 
-def _list_lumigoes(client: KubeClient) -> list[JSON]:
+def _list_lumigoes(client: KubeClient) -> list[Lumigo]:
     try:
         items, _ = client.list(LUMIGOES)
     except ApiError as err:
         if err.not_found:  # the CRD is already gone: nothing to delete
             return []
         raise
-    return items
+    return cast(list[Lumigo], items)  # what the API server returns for the kind
 
 
 def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) -> UninstallReport:
@@ -87,7 +88,7 @@ def uninstall(client: KubeClient, instrumenter: Instrumenter, timeout: float) ->
 
 
 def _finalize_here(
-    client: KubeClient, instrumenter: Instrumenter, lumigo: JSON, report: UninstallReport
+    client: KubeClient, instrumenter: Instrumenter, lumigo: Lumigo, report: UninstallReport
 ) -> None:
     """What the operator's finalizer would have done (`removal`), reported instead of retried."""
     meta = lumigo["metadata"]

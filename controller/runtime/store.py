@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 from kube import objects
 from kube.objects import JSON
@@ -33,7 +33,7 @@ KeyList = list[ObjectKey]
 StrList = list[str]
 
 
-def key_of(obj: JSON) -> ObjectKey:
+def key_of(obj: Mapping[str, Any]) -> ObjectKey:
     meta = objects.metadata(obj)
     return ObjectKey(str(meta.get("namespace") or ""), str(meta.get("name") or ""))
 

@@ -22,7 +22,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import Counter, Gauge
 
@@ -35,7 +35,7 @@ from api.constants import (
     LABEL_TOKEN_SECRET,
 )
 from api.effective import effective, in_effect, is_active
-from api.lumigo import InvalidSpecError, load_spec
+from api.lumigo import InvalidSpecError, Lumigo, load_spec
 from controller.lumigo.resources import LUMIGOES
 from controller.lumigo.status import (
     ConditionUpdate,
@@ -159,7 +159,7 @@ def fit(
     return best
 
 
-def _relevance(obj: JSON) -> tuple[Any, ...]:
+def _relevance(obj: Lumigo) -> tuple[Any, ...]:
     """What of a Lumigo the configuration depends on (status timestamps are not)."""
     meta = objects.metadata(obj)
     spec = obj.get("spec") or {}
@@ -271,8 +271,8 @@ class TelemetryProxyReconciler:
         """Namespaces whose Lumigo takes effect (`api.effective`) and has a usable token: the
         proxy's tenants (it refuses every other token), marked with whether the Lumigo wants
         events. A failed Secret read raises: it says nothing about the token."""
-        by_namespace: dict[str, list[JSON]] = {}
-        for obj in self.lumigoes.store.list():
+        by_namespace: dict[str, list[Lumigo]] = {}
+        for obj in self._lumigoes():
             namespace = str(objects.metadata(obj).get("namespace", ""))
             by_namespace.setdefault(namespace, []).append(obj)
 
@@ -359,7 +359,7 @@ class TelemetryProxyReconciler:
         Lumigo first (a new one cannot push out those already collected), then by name; a
         tenant without a Lumigo (workloads opted in by label) last."""
         created: dict[str, str] = {}
-        for obj in self.lumigoes.store.list():
+        for obj in self._lumigoes():
             meta = objects.metadata(obj)
             namespace = str(meta.get("namespace", ""))
             stamp = str(meta.get("creationTimestamp", ""))
@@ -383,7 +383,7 @@ class TelemetryProxyReconciler:
             log.info("every monitored namespace is in the telemetry proxy configuration again")
         self._left_out = left
         message = LEFT_OUT_MESSAGE.format(total=len(wanted), limit=self.max_config_bytes)
-        for obj in self.lumigoes.store.list():
+        for obj in self._lumigoes():
             meta = objects.metadata(obj)
             out = str(meta.get("namespace", "")) in left and in_effect(obj)
             current = condition(obj.get("status"), CONDITION_LEFT_OUT)
@@ -420,6 +420,10 @@ class TelemetryProxyReconciler:
                 raise
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _lumigoes(self) -> list[Lumigo]:
+        """Every cached Lumigo (the cache holds what the API server sent)."""
+        return cast(list[Lumigo], self.lumigoes.store.list())
+
     def _report(self, reasons: dict[str, str]) -> None:
         """Log each namespace left out once per reason, not on every resync."""
         for namespace, reason in sorted(reasons.items()):
@@ -539,4 +543,5 @@ def _opt_in_change(old: JSON | None, new: JSON) -> bool:
 
 def _relevant_change(old: JSON | None, new: JSON) -> bool:
     """Additions and deletions, and updates that change what the configuration depends on."""
-    return old is None or _relevance(old) != _relevance(new)
+    # The informer hands out what the API server sent: Lumigo resources.
+    return old is None or _relevance(cast(Lumigo, old)) != _relevance(cast(Lumigo, new))
