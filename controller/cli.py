@@ -27,44 +27,50 @@ from kube.rest import ApiError
 log = logging.getLogger("lumigo.cli")
 
 
+# Each subcommand: its name, the options its flags come from, and its help.
+SUBCOMMANDS: tuple[tuple[str, type[object], str], ...] = (
+    ("run", RunOptions, "run the manager (controller, webhooks, probes, metrics)"),
+    (
+        "webhook",
+        RunOptions,
+        "serve admissions only (workers, probes, metrics: no controller, no leader election, "
+        "no certificate signing), under an identity of its own; the manager runs with "
+        "--no-serve-webhooks. Takes the flags of `run`",
+    ),
+    (
+        "uninstall",
+        UninstallOptions,
+        "delete every Lumigo resource and remove all instrumentation (Helm pre-delete hook)",
+    ),
+    (
+        "wait-for-webhook",
+        WaitOptions,
+        "wait until the API server reaches the Lumigo defaulter webhook (Helm quick-start "
+        "hook: a Lumigo created earlier would be refused)",
+    ),
+    (
+        "quickstart",
+        QuickstartOptions,
+        "create or update the `lumigo` Lumigo of each monitoredNamespaces entry (Helm "
+        "post-install/post-upgrade hook); a Lumigo the release did not create is left alone",
+    ),
+    (
+        "watchdog",
+        WatchdogOptions,
+        "report the installation's health (pods, restarts, metrics, events) upstream",
+    ),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lumigo-operator",
-        description="Lumigo Kubernetes operator: trace every Python and Node.js workload of a "
-        "namespace with one Lumigo resource.",
+        description="Lumigo Kubernetes operator: trace every Python, Node.js and Java workload "
+        "of a namespace with one Lumigo resource.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the manager (controller, webhooks, probes, metrics)")
-    add_flags(run, RunOptions)
-    webhook = sub.add_parser(
-        "webhook",
-        help="serve admissions only (workers, probes, metrics: no controller, no leader "
-        "election, no certificate signing), under an identity of its own; the manager runs "
-        "with --no-serve-webhooks. Takes the flags of `run`",
-    )
-    add_flags(webhook, RunOptions)
-    uninstall = sub.add_parser(
-        "uninstall",
-        help="delete every Lumigo resource and remove all instrumentation (Helm pre-delete hook)",
-    )
-    add_flags(uninstall, UninstallOptions)
-    wait = sub.add_parser(
-        "wait-for-webhook",
-        help="wait until the API server reaches the Lumigo defaulter webhook (Helm quick-start "
-        "hook: a Lumigo created earlier would be refused)",
-    )
-    add_flags(wait, WaitOptions)
-    quickstart = sub.add_parser(
-        "quickstart",
-        help="create or update the `lumigo` Lumigo of each monitoredNamespaces entry (Helm "
-        "post-install/post-upgrade hook); a Lumigo the release did not create is left alone",
-    )
-    add_flags(quickstart, QuickstartOptions)
-    watchdog = sub.add_parser(
-        "watchdog",
-        help="report the installation's health (pods, restarts, metrics, events) upstream",
-    )
-    add_flags(watchdog, WatchdogOptions)
+    for name, options, help_text in SUBCOMMANDS:
+        add_flags(sub.add_parser(name, help=help_text), options)
     sub.add_parser("version", help="print the version")
     return parser
 
