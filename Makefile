@@ -6,8 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
-# Two pytest-xdist workers: the real-node tier in one, every other tier in the other (their
-# groups, tests/conftest.py). TEST_WORKERS=0 runs everything in one process, in file order.
+# Two pytest processes side by side (hack/test-tiers): the real-node tier in one, every other
+# tier in the other. TEST_WORKERS=0 runs everything in one process, in file order.
 TEST_WORKERS ?= 2
 export PATH := $(CURDIR)/bin:$(PATH)
 
@@ -80,7 +80,7 @@ test: venv system-deps ## Install what is missing, then run every test tier
 	@# (their lines interleave; each says which step it comes from).
 	$(MAKE) --no-print-directory -j3 tools payload lint
 	$(MAKE) --no-print-directory images
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	TEST_WORKERS=$(TEST_WORKERS) PY=$(PY) hack/test-tiers $(PYTEST_ARGS)
 
 .PHONY: test-unit
 test-unit: venv ## Only the unit tier (no processes)

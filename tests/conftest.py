@@ -41,14 +41,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        # `make test` runs two pytest-xdist workers (--dist loadgroup): the real-node tier in
-        # one, in file order, everything else in the other, in file order. The node tier waits
-        # on containers and the kubelet more than it computes, so the two share a 2-core
-        # machine well; each group keeps the order (and module fixtures) of a serial run.
-        # A test outside tests/node that starts a real node too (`make run`) joins that group:
-        # only one node runs on a machine at a time (kube-proxy's rules are machine-wide).
-        on_node = tier == "node" or item.get_closest_marker("real_node") is not None
-        item.add_marker(pytest.mark.xdist_group("node" if on_node else "rest"))
 
 
 @pytest.hookimpl(wrapper=True)

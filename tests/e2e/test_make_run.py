@@ -16,7 +16,7 @@ import pytest
 
 from envtest.process import wait_until
 
-# `make run` starts a real node where the machine can: it shares the node tier's xdist group.
+# `make run` starts a real node where the machine can: it runs with the node tier (hack/test-tiers).
 pytestmark = pytest.mark.real_node
 
 ROOT = Path(__file__).resolve().parents[2]
