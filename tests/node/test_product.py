@@ -1093,7 +1093,7 @@ def apps_settled(product: Product) -> None:
         items = get_json(product.cluster, "pods", "-n", APPS_NS)["items"]
         return not any(p["metadata"].get("deletionTimestamp") for p in items)
 
-    wait_until(gone, 120, f"the terminating pods of {APPS_NS} gone")
+    wait_until(gone, 240, f"the terminating pods of {APPS_NS} gone")
     last = {"count": -1, "since": time.monotonic()}
 
     def quiet() -> bool:

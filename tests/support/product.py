@@ -208,7 +208,7 @@ def deployment(name: str, image: str, **pod_spec: Any) -> JSON:
 
 
 def rolled_out(
-    product: Product, namespace: str, name: str, timeout: float = 180, *, selector: str = ""
+    product: Product, namespace: str, name: str, timeout: float = 300, *, selector: str = ""
 ) -> JSON:
     """Wait until the Deployment's newest pods are all Ready and the old ones gone; its one pod.
 
