@@ -11,7 +11,6 @@ tables); the env vars in brackets in `--help` are the reference operator's where
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,13 +34,13 @@ from controller.telemetry.agent_config import (
     ESSENTIAL_METRICS,
     KUBE_STATE_METRICS_SELECTOR,
     AgentSettings,
-    InvalidLogRuleError,
     LogFileRule,
     MetricsSettings,
 )
 from controller.telemetry.config import ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget
 from controller.telemetry.redaction import InvalidRedactionError, Redaction, parse_patterns
+from kube.objects import json_list
 
 T = TypeVar("T")
 
@@ -66,17 +65,9 @@ def default_namespace() -> str:
 
 def parse_log_rules(text: str) -> tuple[LogFileRule, ...]:
     """A JSON list of {namespacePattern, podPattern, containerPattern} ('' = none)."""
-    if not text.strip():
-        return ()
     try:
-        entries = json.loads(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"invalid log rules {text!r}: not JSON ({err})") from None
-    if not isinstance(entries, list):
-        raise argparse.ArgumentTypeError(f"invalid log rules {text!r}: expected a JSON list")
-    try:
-        return tuple(LogFileRule.from_json(entry) for entry in entries)
-    except InvalidLogRuleError as err:
+        return tuple(LogFileRule.from_json(entry) for entry in json_list(text, "log rules"))
+    except ValueError as err:  # InvalidLogRuleError is one
         raise argparse.ArgumentTypeError(str(err)) from None
 
 

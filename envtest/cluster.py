@@ -25,15 +25,12 @@ import ipaddress
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -44,7 +41,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from envtest.process import Process, Supervisor, free_port, wait_healthy
+from envtest.process import Process, Supervisor, free_port, wait_for_a_stop_signal, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin"))
@@ -487,43 +484,37 @@ class LocalCluster:
         }
 
     def _start_controller_manager(self) -> None:
+        self._start_control_loop(
+            "kube-controller-manager",
+            "kcm",
+            f"--service-account-private-key-file={self.pki['sa'].key}",
+            f"--root-ca-file={self.pki['ca'].cert}",
+            "--controllers=*",
+            "--concurrent-gc-syncs=5",
+        )
+
+    def _start_scheduler(self) -> None:
+        self._start_control_loop("kube-scheduler", "scheduler")
+
+    def _start_control_loop(self, binary: str, cert_dir: str, *flags: str) -> None:
+        """kube-controller-manager or kube-scheduler: one instance (no leader election), its
+        own serving certificate, /healthz on a free loopback port."""
         port = free_port()
         proc = self._spawn(
-            "kube-controller-manager",
+            binary,
             [
-                str(BIN / "kube-controller-manager"),
+                str(BIN / binary),
                 f"--kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
-                f"--service-account-private-key-file={self.pki['sa'].key}",
-                f"--root-ca-file={self.pki['ca'].cert}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'pki' / 'kcm'}",
-                "--controllers=*",
-                "--concurrent-gc-syncs=5",
+                f"--cert-dir={self.workdir / 'pki' / cert_dir}",
                 # The defaults (20 qps) starve the Deployment controller while the namespace
                 # controller cleans up after hundreds of test objects.
                 "--kube-api-qps=500",
                 "--kube-api-burst=1000",
                 "--profiling=false",
-            ],
-        )
-        wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
-
-    def _start_scheduler(self) -> None:
-        port = free_port()
-        proc = self._spawn(
-            "kube-scheduler",
-            [
-                str(BIN / "kube-scheduler"),
-                f"--kubeconfig={self.kubeconfig}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'pki' / 'scheduler'}",
-                "--kube-api-qps=500",
-                "--kube-api-burst=1000",
-                "--profiling=false",
+                *flags,
             ],
         )
         wait_healthy(proc, lambda: self._https_ok(port, "/healthz"), 60)
@@ -606,32 +597,14 @@ class LocalCluster:
             return json.loads(resp.read())
 
 
-@contextlib.contextmanager
-def running(full: bool = False) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(full=full)
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run a local Kubernetes control plane.")
     parser.add_argument("command", choices=["up"])
     parser.add_argument("--full", action="store_true", help="also run KCM, scheduler and kwok")
     args = parser.parse_args()
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    with running(full=args.full) as cluster:
+    with LocalCluster(full=args.full) as cluster:
         print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
-        while not stop:
-            time.sleep(0.2)
+        wait_for_a_stop_signal()
     return 0
 
 

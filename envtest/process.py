@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -47,6 +48,15 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: f
             return
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def wait_for_a_stop_signal() -> None:
+    """Block until SIGINT or SIGTERM: a command-line `up` runs until Ctrl-C or `kill`."""
+    stopped = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: stopped.set())
+    while not stopped.wait(0.2):
+        pass
 
 
 def wait_healthy(

@@ -12,6 +12,7 @@ The `Lumigo` resource's shape is `api.lumigo.Lumigo`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
@@ -161,3 +162,18 @@ def mutable_metadata(obj: dict[str, Any]) -> dict[str, Any]:
     """The object's metadata for writing in place (created when missing)."""
     meta: dict[str, Any] = obj.setdefault("metadata", {})
     return meta
+
+
+def json_list(text: str, what: str, items: str = "") -> list[Any]:
+    """A setting written as a JSON list ('' or blanks = empty); ValueError naming `what` (and
+    what its `items` should be) when the text is not JSON or not a list."""
+    if not text.strip():
+        return []
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"invalid {what} {text!r}: not JSON ({err})") from None
+    if not isinstance(value, list):
+        of = f" of {items}" if items else ""
+        raise ValueError(f"invalid {what} {text!r}: expected a JSON list{of}")
+    return value

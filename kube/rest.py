@@ -100,13 +100,7 @@ class KubeAPI(Protocol):
 
     def create(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON: ...
 
-    def replace(
-        self,
-        resource: Resource,
-        body: JSON,
-        namespace: str | None = None,
-        subresource: str | None = None,
-    ) -> JSON: ...
+    def replace(self, resource: Resource, body: JSON, namespace: str | None = None) -> JSON: ...
 
     def json_patch(
         self, resource: Resource, name: str, ops: list[JSON], namespace: str | None = None

@@ -22,11 +22,10 @@ more than UNROLLED containers of one kind keeps its values secret, at that price
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
-from kube.objects import JSON
+from kube.objects import JSON, json_list
 
 REDACTED = "[REDACTED]"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -101,18 +100,10 @@ def check_pattern(pattern: str) -> None:
 
 def parse_patterns(text: str) -> tuple[str, ...]:
     """A JSON list of annotation key patterns ('' = none), each checked by check_pattern."""
-    if not text.strip():
-        return ()
     try:
-        patterns = json.loads(text)
+        patterns = json_list(text, "annotation patterns", "regular expressions")
     except ValueError as err:
-        raise InvalidRedactionError(
-            f"invalid annotation patterns {text!r}: not JSON ({err})"
-        ) from None
-    if not isinstance(patterns, list):
-        raise InvalidRedactionError(
-            f"invalid annotation patterns {text!r}: expected a JSON list of regular expressions"
-        )
+        raise InvalidRedactionError(str(err)) from None
     for pattern in patterns:
         check_pattern(pattern)
     return tuple(patterns)

@@ -35,7 +35,7 @@ per machine at a time: a second `start()` fails with a message naming the runnin
 """
 
 from envtest.node.components import Components, NodeError, cgroup_hierarchies, preflight, require
-from envtest.node.localnode import NODE_LABEL, LocalNode, running_node
+from envtest.node.localnode import NODE_LABEL, LocalNode
 
 __all__ = [
     "NODE_LABEL",
@@ -45,5 +45,4 @@ __all__ = [
     "cgroup_hierarchies",
     "preflight",
     "require",
-    "running_node",
 ]

@@ -8,18 +8,17 @@ import fcntl
 import ipaddress
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from envtest import ociimage
 from envtest.cluster import FAKE_NODE, LocalCluster
@@ -40,7 +39,14 @@ from envtest.node.components import (
     preflight,
     require,
 )
-from envtest.process import Process, Supervisor, die_with_parent, free_port, wait_healthy
+from envtest.process import (
+    Process,
+    Supervisor,
+    die_with_parent,
+    free_port,
+    wait_for_a_stop_signal,
+    wait_healthy,
+)
 
 LOCK_FILE = Path("/run/lumigo-localnode.lock")
 # One /24 per node out of 10.244.0.0/16 (the CIDR kind and kubeadm clusters use): 253 pods.
@@ -654,15 +660,6 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def running_node(cluster: LocalCluster, **kwargs: Any) -> Iterator[LocalNode]:
-    node = LocalNode(cluster, **kwargs)
-    try:
-        yield node.start()
-    finally:
-        node.stop()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description="Run a real local Kubernetes node.")
     parser.add_argument("command", choices=["up", "check"])
@@ -674,19 +671,10 @@ def main() -> int:
         for problem in problems:
             print(f"missing: {problem}", file=sys.stderr)
         return 1 if problems else 0
-    stop = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    with LocalCluster(full=True) as cluster, running_node(cluster) as node:
+    with LocalCluster(full=True) as cluster, LocalNode(cluster) as node:
         cluster.kubectl("cordon", FAKE_NODE)  # every pod goes to the real node
         print(f"export KUBECONFIG={cluster.kubeconfig}  # node {node.name}", flush=True)
-        while not stop:
-            time.sleep(0.2)
+        wait_for_a_stop_signal()
     return 0
 
 
