@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from api import __version__
+from kube import kinds
 
 # --- API identity -------------------------------------------------------------------------
 GROUP: Final = "operator.lumigo.io"
@@ -141,16 +142,16 @@ DEFAULT_TELEMETRY_PROXY_SERVICE: Final = (
 TOKEN_PATTERN: Final = r"t_[0-9A-Fa-f]{21}"
 
 # --- Workload kinds -----------------------------------------------------------------------
-# (apiVersion, kind, plural) in the order the reference uses for status and injection.
+# The kinds Lumigo instruments, in the order the reference uses for status and injection.
 WORKLOAD_KINDS: Final = (
-    ("apps/v1", "DaemonSet", "daemonsets"),
-    ("apps/v1", "Deployment", "deployments"),
-    ("apps/v1", "ReplicaSet", "replicasets"),
-    ("apps/v1", "StatefulSet", "statefulsets"),
-    ("batch/v1", "CronJob", "cronjobs"),
-    ("batch/v1", "Job", "jobs"),
+    kinds.DAEMONSETS,
+    kinds.DEPLOYMENTS,
+    kinds.REPLICASETS,
+    kinds.STATEFULSETS,
+    kinds.CRONJOBS,
+    kinds.JOBS,
 )
-KIND_ORDER: Final = {kind: i for i, (_, kind, _) in enumerate(WORKLOAD_KINDS)}
+KIND_ORDER: Final = {resource.kind: i for i, resource in enumerate(WORKLOAD_KINDS)}
 
 # --- Webhooks -----------------------------------------------------------------------------
 INJECT_PATH: Final = "/v1alpha1/inject"

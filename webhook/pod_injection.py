@@ -66,7 +66,7 @@ from kube.objects import JSON, Container, EnvVar, PodSpec, Volume, VolumeMount
 from kube.quantity import parse_quantity, same_quantity
 from webhook import containers, storage
 
-SUPPORTED_KINDS: Final = {kind: api_version for api_version, kind, _ in constants.WORKLOAD_KINDS}
+SUPPORTED_KINDS: Final = {r.kind: r.api_version for r in constants.WORKLOAD_KINDS}
 _CRONJOB_TEMPLATE: Final = ("spec", "jobTemplate", "spec", "template")
 _TEMPLATE: Final = ("spec", "template")
 

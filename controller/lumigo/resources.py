@@ -7,7 +7,7 @@ from api import constants
 from kube.rest import Resource
 
 LUMIGOES = Resource(constants.API_VERSION, constants.KIND, constants.PLURAL)
-# The six workload kinds (api.constants.WORKLOAD_KINDS), in the reference's order (status
-# listing, injection passes); by kind for the event recorder and the instrumenter.
-WORKLOADS = tuple(Resource(*kind) for kind in constants.WORKLOAD_KINDS)
+# The six workload kinds, in the reference's order (status listing, injection passes); by kind
+# for the event recorder and the instrumenter.
+WORKLOADS = constants.WORKLOAD_KINDS
 WORKLOADS_BY_KIND = {r.kind: r for r in WORKLOADS}

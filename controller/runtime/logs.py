@@ -17,6 +17,7 @@ import logging
 import sys
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -85,3 +86,20 @@ def setup_logging(level: str = "info", stream: Any = None) -> None:
     root.setLevel(level.upper())
     for noisy in ("urllib3", "requests"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@dataclass
+class WarnWhileMissing:
+    """A warning logged once when a prerequisite goes missing, not on every resync while it
+    stays missing; again only after it came back and went missing anew."""
+
+    logger: logging.Logger
+    message: str
+    missing: bool = field(default=False, init=False)
+
+    def present(self, found: bool, **fields: str) -> bool:
+        """`found`, after logging the warning (with `fields`) if this is the start of a gap."""
+        if not found and not self.missing:
+            self.logger.warning(self.message, extra=fields)
+        self.missing = not found
+        return found

@@ -23,6 +23,7 @@ import logging
 from dataclasses import KW_ONLY, dataclass, field, replace
 
 from controller.runtime.kube import KubeClient
+from controller.runtime.logs import WarnWhileMissing
 from controller.runtime.manager import Controller, Result
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.singlekey import single_key_controller
@@ -97,12 +98,16 @@ class ClusterAgentReconciler:
     _: KW_ONLY
     resync_period: float = 60.0
     _identity: ClusterIdentity = field(init=False)
-    _proxy_missing: bool = field(default=False, init=False)
+    _proxy_wait: WarnWhileMissing = field(init=False)
     _removed: bool = field(default=False, init=False)
-    _token_missing: bool = field(default=False, init=False)
+    _token_wait: WarnWhileMissing = field(init=False)
 
     def __post_init__(self) -> None:
         self._identity = ClusterIdentity(self.client)
+        self._token_wait = WarnWhileMissing(log, "cluster collection waits for its token Secret")
+        self._proxy_wait = WarnWhileMissing(
+            log, "telemetry proxy Deployment not found; the cluster agent waits for it"
+        )
 
     def controller(self) -> Controller:
         return single_key_controller(
@@ -120,26 +125,17 @@ class ClusterAgentReconciler:
         if not self.enabled:
             self._remove()
             return
-        if self.client.get_or_none(SECRETS, t.token_secret, t.namespace) is None:
-            # Without it the agent's pods could not start (CreateContainerConfigError): wait.
-            if not self._token_missing:
-                log.warning(
-                    "cluster collection waits for its token Secret",
-                    extra={"secret": f"{t.namespace}/{t.token_secret}", "key": t.token_key},
-                )
-                self._token_missing = True
+        # Without the Secret the agent's pods could not start (CreateContainerConfigError): wait.
+        token = self.client.get_or_none(SECRETS, t.token_secret, t.namespace)
+        secret = f"{t.namespace}/{t.token_secret}"
+        if not self._token_wait.present(token is not None, secret=secret, key=t.token_key):
             return
-        self._token_missing = False
         proxy = self.client.get_or_none(DEPLOYMENTS, t.proxy_deployment, t.namespace)
+        self._proxy_wait.present(
+            proxy is not None, deployment=f"{t.namespace}/{t.proxy_deployment}"
+        )
         if proxy is None:
-            if not self._proxy_missing:
-                log.warning(
-                    "telemetry proxy Deployment not found; the cluster agent waits for it",
-                    extra={"deployment": f"{t.namespace}/{t.proxy_deployment}"},
-                )
-                self._proxy_missing = True
             return
-        self._proxy_missing = False
         origin = self.settings.proxy.origin
         if not origin.cluster_uid:
             origin = replace(origin, cluster_uid=self._identity.uid())

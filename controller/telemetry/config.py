@@ -50,9 +50,10 @@ from urllib.parse import urlparse
 
 import yaml
 
-from api.constants import ANNOTATION_PROVIDER_ID
+from api.constants import ANNOTATION_PROVIDER_ID, WORKLOAD_KINDS
 from controller.telemetry.redaction import Redaction
 from controller.telemetry.redaction import processor as redaction_processor
+from kube.kinds import CRONJOBS, DAEMONSETS, DEPLOYMENTS, JOBS, PODS, REPLICASETS, STATEFULSETS
 from kube.objects import JSON
 
 DEFAULT_UPSTREAM = "https://ga-otlp.lumigo-tracer-edge.golumigo.com"
@@ -101,25 +102,12 @@ INVOLVED = 'log.body["involvedObject"]'
 EVENT = 'log.body["kind"] == "Event"'
 # The Events sent, as the reference: about an object of these (apiVersion, kind), with a uid
 # (the Events of the operator's webhook name none).
-EVENT_OBJECTS = (
-    ("v1", "Pod"),
-    ("apps/v1", "DaemonSet"),
-    ("apps/v1", "Deployment"),
-    ("apps/v1", "ReplicaSet"),
-    ("apps/v1", "StatefulSet"),
-    ("batch/v1", "CronJob"),
-    ("batch/v1", "Job"),
-)
+EVENT_OBJECTS = tuple((r.api_version, r.kind) for r in (PODS, *WORKLOAD_KINDS))
 POD_EVENT = f'{EVENT} and {INVOLVED}["kind"] == "Pod"'
 # A pod's owners from the nearest to the farthest: (kind, apiVersion, k8s_attributes name).
-ROOT_OWNER_CHAIN = (
-    ("Pod", "v1", "pod"),
-    ("ReplicaSet", "apps/v1", "replicaset"),
-    ("Deployment", "apps/v1", "deployment"),
-    ("StatefulSet", "apps/v1", "statefulset"),
-    ("DaemonSet", "apps/v1", "daemonset"),
-    ("Job", "batch/v1", "job"),
-    ("CronJob", "batch/v1", "cronjob"),
+ROOT_OWNER_CHAIN = tuple(
+    (r.kind, r.api_version, r.kind.lower())
+    for r in (PODS, REPLICASETS, DEPLOYMENTS, STATEFULSETS, DAEMONSETS, JOBS, CRONJOBS)
 )
 TOP_LEVEL_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "CronJob")
 

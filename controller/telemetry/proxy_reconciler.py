@@ -46,6 +46,7 @@ from controller.lumigo.status import (
 )
 from controller.runtime.informer import Informer
 from controller.runtime.kube import KubeClient
+from controller.runtime.logs import WarnWhileMissing
 from controller.runtime.manager import Controller, ReconcileError, Result
 from controller.runtime.ratelimit import ItemExponentialFailureRateLimiter
 from controller.runtime.singlekey import single_key_controller, to_key
@@ -199,7 +200,12 @@ class TelemetryProxyReconciler:
     _identity: ClusterIdentity = field(init=False)
     # namespace -> last logged reason it is left out
     _reported: dict[str, str] = field(default_factory=dict, init=False)
-    _deployment_missing: bool = field(default=False, init=False)
+    _deployment_wait: WarnWhileMissing = field(
+        default_factory=lambda: WarnWhileMissing(
+            log, "telemetry proxy Deployment not found; configuration stored, nothing to roll"
+        ),
+        init=False,
+    )
     _left_out: list[str] = field(default_factory=list, init=False)
     _restart_pending: bool = field(default=False, init=False)
 
@@ -475,15 +481,10 @@ class TelemetryProxyReconciler:
     def _roll(self, deployment: JSON | None, digest: str) -> bool:
         """Set the hash on the pod template when it differs: a rolling restart, once."""
         t = self.target
+        name = f"{t.namespace}/{t.deployment_name}"
+        self._deployment_wait.present(deployment is not None, deployment=name)
         if deployment is None:
-            if not self._deployment_missing:
-                log.warning(
-                    "telemetry proxy Deployment not found; configuration stored, nothing to roll",
-                    extra={"deployment": f"{t.namespace}/{t.deployment_name}"},
-                )
-                self._deployment_missing = True
             return False
-        self._deployment_missing = False
         template_meta = ((deployment.get("spec") or {}).get("template") or {}).get("metadata")
         current = ((template_meta or {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION)
         if current == digest:

@@ -202,7 +202,7 @@ def test_status_validation() -> None:
 def test_constants_are_the_reference_names() -> None:
     assert constants.FINALIZER == "operator.lumigo.io/lumigo-finalizer"
     assert constants.LABEL_AUTO_TRACE == "lumigo.auto-trace"
-    assert [k for _, k, _ in constants.WORKLOAD_KINDS] == [
+    assert [r.kind for r in constants.WORKLOAD_KINDS] == [
         "DaemonSet",
         "Deployment",
         "ReplicaSet",

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 
-from controller.runtime.logs import log_context, setup_logging
+from controller.runtime.logs import WarnWhileMissing, log_context, setup_logging
 
 
 def test_json_lines_with_thread_local_context() -> None:
@@ -77,3 +77,15 @@ def test_an_attached_traceback_keeps_the_error_message() -> None:
     assert "OSError: disk full" in given["stacktrace"]
     assert derived["error"] == "OSError: disk full"
     assert "Traceback" in derived["stacktrace"]
+
+
+def test_a_missing_prerequisite_is_warned_about_once_per_gap() -> None:
+    stream = io.StringIO()
+    setup_logging("info", stream)
+    wait = WarnWhileMissing(logging.getLogger("lumigo.test"), "waits for its Secret")
+    seen = [True, False, False, False, True, True, False, False]
+    assert [wait.present(found, secret="ns/token") for found in seen] == seen
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["msg"], line["secret"]) for line in lines] == [
+        ("waits for its Secret", "ns/token")
+    ] * 2

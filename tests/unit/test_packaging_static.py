@@ -456,9 +456,7 @@ def test_webhooks_follow_the_contract() -> None:
     kinds = {
         (g, r) for rule in inject["rules"] for g in rule["apiGroups"] for r in rule["resources"]
     }
-    assert kinds == {
-        (api.rpartition("/")[0], plural) for api, _, plural in constants.WORKLOAD_KINDS
-    }
+    assert kinds == {(r.group, r.plural) for r in constants.WORKLOAD_KINDS}
     assert all(rule["operations"] == ["CREATE", "UPDATE"] for rule in inject["rules"])
     # Only namespaces with an active Lumigo (the label the operator maintains), never its own.
     assert inject["namespaceSelector"]["matchExpressions"] == [

@@ -242,7 +242,7 @@ def pod_templates(draw: st.DrawFn) -> JSON:
     return template
 
 
-kinds = st.sampled_from([kind for _, kind, _ in constants.WORKLOAD_KINDS])
+kinds = st.sampled_from([r.kind for r in constants.WORKLOAD_KINDS])
 
 
 @st.composite
