@@ -331,14 +331,17 @@ static void add_to_path_list(int dbg, const char *who, const char *name, const c
     if (setenv(name, value, 1) == 0) debug(dbg, what, value);
 }
 
+/* <root><rel> into `b`; 1 when it fits and the payload has it (readable). */
+static int payload_path(struct buf *b, const char *root, const char *rel) {
+    buf_add(b, root);
+    buf_add(b, rel);
+    return b->ok && readable(b->p);
+}
+
 static void inject_python(int dbg, const char *root) {
     char file[PATH_BUF], dir[PATH_BUF];
     struct buf f = {file, 0, sizeof file, 1}, d = {dir, 0, sizeof dir, 1};
-    buf_add(&f, root);
-    buf_add(&f, PY_BOOTSTRAP_FILE);
-    buf_add(&d, root);
-    buf_add(&d, PY_BOOTSTRAP);
-    if (!f.ok || !d.ok || !readable(file)) {
+    if (!payload_path(&f, root, PY_BOOTSTRAP_FILE) || !payload_path(&d, root, PY_BOOTSTRAP)) {
         debug(dbg, "python: no payload at ", root);
         return;
     }
@@ -355,9 +358,7 @@ static void inject_python(int dbg, const char *root) {
 static void inject_node_path(int dbg, const char *root) {
     char dir[PATH_BUF];
     struct buf d = {dir, 0, sizeof dir, 1};
-    buf_add(&d, root);
-    buf_add(&d, NODE_BY_NAME);
-    if (!d.ok || !readable(dir)) {
+    if (!payload_path(&d, root, NODE_BY_NAME)) {
         debug(dbg, "node: no distro to resolve by name at ", root);
         return;
     }
@@ -367,9 +368,7 @@ static void inject_node_path(int dbg, const char *root) {
 static void inject_node(int dbg, const char *root) {
     char file[PATH_BUF], quoted[PATH_BUF], value[VALUE_BUF];
     struct buf f = {file, 0, sizeof file, 1}, q = {quoted, 0, sizeof quoted, 1};
-    buf_add(&f, root);
-    buf_add(&f, NODE_BOOTSTRAP);
-    if (!f.ok || !readable(file)) {
+    if (!payload_path(&f, root, NODE_BOOTSTRAP)) {
         debug(dbg, "node: no payload at ", root);
         return;
     }
@@ -452,9 +451,7 @@ static void set_default(int dbg, const char *name, const char *value) {
 static void inject_java(int dbg, const char *root, const char *token) {
     char file[PATH_BUF], value[VALUE_BUF], headers[PATH_BUF];
     struct buf f = {file, 0, sizeof file, 1};
-    buf_add(&f, root);
-    buf_add(&f, JAVA_AGENT);
-    if (!f.ok || !readable(file)) {
+    if (!payload_path(&f, root, JAVA_AGENT)) {
         debug(dbg, "java: no payload at ", root);
         return;
     }
