@@ -53,6 +53,7 @@ from cryptography import x509
 from cryptography.x509.verification import VerificationError
 
 from kube import certs, objects
+from kube.background import BackgroundThread
 from kube.http.readiness import NotReady
 from kube.http.server_metrics import CERTIFICATE_EXPIRY
 from kube.http.tls import InvalidKeyPair, ServingTLS
@@ -606,28 +607,19 @@ class FileCerts:
         self.cert_path = Path(directory) / cert_name
         self.key_path = Path(directory) / key_name
         self.poll_interval = poll_interval
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = BackgroundThread("webhook-cert-files", self._run)
         self._last_digest = b""
         self.problem = f"waiting for {self.cert_path} and {self.key_path}"
 
     def start(self) -> None:
         self.check()
-        if self._thread is None:
-            self._stopping.clear()
-            self._thread = threading.Thread(
-                target=self._run, name="webhook-cert-files", daemon=True
-            )
-            self._thread.start()
+        self._poller.start()
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
+        self._poller.stop()
 
     def _run(self) -> None:
-        while not self._stopping.wait(self.poll_interval):
+        while not self._poller.stopping.wait(self.poll_interval):
             try:
                 self.check()
             except Exception:

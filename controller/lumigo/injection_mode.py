@@ -20,12 +20,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass, field
 
 from api import constants
 from controller.lumigo.nodes import node_info
 from controller.runtime.informer import FuncHandler, Informer
 from controller.runtime.kube import KubeClient
 from kube import objects
+from kube.background import BackgroundThread
 from kube.http.readiness import NotReady
 from kube.kinds import CONFIGMAPS, PODS
 from kube.objects import JSON
@@ -112,27 +114,29 @@ def probe_pod(image: str, pull_policy: str) -> JSON:
     }
 
 
+@dataclass(eq=False)
 class AutoInjectionMode:
     """The injection mode for `auto`, current with the Nodes; cheap to ask on every admission."""
 
-    def __init__(
-        self, client: KubeClient, nodes: Informer, namespace: str, image: str, pull_policy: str
-    ) -> None:
-        self._client = client
-        self._nodes = nodes
-        self._namespace = namespace
-        self._image = image
-        self._pull_policy = pull_policy
-        self._lock = threading.Lock()
-        self._api_server: bool | None = None  # unknown until the dry-run answers
-        self._nodes_dirty = True
-        self._node_problem: str | None = "nodes not listed yet"
-        self._mode = constants.INJECTION_MODE_INIT_CONTAINER
-        self._decision: tuple[str, str] = (self._mode, "")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._ready_deadline = float("inf")
-        nodes.add_handler(
+    client: KubeClient
+    nodes: Informer
+    namespace: str
+    image: str
+    pull_policy: str
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _api_server: bool | None = field(default=None, init=False)  # unknown until the dry-run answers
+    _nodes_dirty: bool = field(default=True, init=False)
+    _node_problem: str | None = field(default="nodes not listed yet", init=False)
+    _mode: str = field(default=constants.INJECTION_MODE_INIT_CONTAINER, init=False)
+    _decision: tuple[str, str] = field(
+        default=(constants.INJECTION_MODE_INIT_CONTAINER, ""), init=False
+    )
+    _probe: BackgroundThread = field(init=False)
+    _ready_deadline: float = field(default=float("inf"), init=False)
+
+    def __post_init__(self) -> None:
+        self._probe = BackgroundThread("image-volume-probe", self._ask_api_server)
+        self.nodes.add_handler(
             FuncHandler(add=self._dirty, update=lambda _o, _n: self._dirty(_n), delete=self._dirty)
         )
 
@@ -145,21 +149,16 @@ class AutoInjectionMode:
 
     def start(self) -> None:
         self._ready_deadline = time.monotonic() + READY_WAIT
-        self._thread = threading.Thread(
-            target=self._ask_api_server, name="image-volume-probe", daemon=True
-        )
-        self._thread.start()
+        self._probe.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._probe.stop()
 
     def mode(self) -> str:
         with self._lock:
-            if self._nodes_dirty and self._nodes.has_synced():
+            if self._nodes_dirty and self.nodes.has_synced():
                 self._nodes_dirty = False
-                problem = nodes_problem(self._nodes.store.list())
+                problem = nodes_problem(self.nodes.store.list())
                 if problem != self._node_problem:
                     self._node_problem = problem
                     self._update_locked()
@@ -188,13 +187,13 @@ class AutoInjectionMode:
 
     def _ask_api_server(self) -> None:
         delay = 1.0
-        while not self._stop.is_set():
+        while not self._probe.stopping.is_set():
             try:
                 kept = self._dry_run()
             except ApiError as err:
                 if err.retryable:
                     log.info("image-volume probe: retrying", extra={"error": str(err)})
-                    self._stop.wait(delay)
+                    self._probe.stopping.wait(delay)
                     delay = min(delay * 2, 60.0)
                     continue
                 log.warning(
@@ -211,10 +210,10 @@ class AutoInjectionMode:
     def _dry_run(self) -> bool:
         """True when the API server keeps an image volume (a 422 for a volume with no source
         after it dropped the field, or a reply without it, means it does not)."""
-        pod = probe_pod(self._image, self._pull_policy)
+        pod = probe_pod(self.image, self.pull_policy)
         try:
-            reply = self._client.request(
-                "POST", PODS.path(self._namespace), params={"dryRun": "All"}, body=pod
+            reply = self.client.request(
+                "POST", PODS.path(self.namespace), params={"dryRun": "All"}, body=pod
             )
         except ApiError as err:
             if err.code in (400, 422):
@@ -234,68 +233,61 @@ PUBLISH_RESYNC = 300.0  # read the ConfigMap back at least this often (repairs a
 PUBLISH_POLL = 2.0  # how often the local decision is compared with what was written
 
 
+@dataclass(eq=False)
 class InjectionModePublisher:
     """The Lease holder's side: keeps `data.mode` of the ConfigMap equal to `mode()`, once
     `decided` stops raising NotReady (the API server answered, or AutoInjectionMode gave up
     waiting): a webhook must not start admitting on a mode about to change."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        namespace: str,
-        name: str,
-        mode: Callable[[], str],
-        *,
-        decided: Callable[[], None] = lambda: None,
-    ) -> None:
-        self._client = client
-        self._namespace = namespace
-        self._name = name
-        self._mode = mode
-        self._decided = decided
-        self._written: str | None = None
-        self._checked = 0.0
+    client: KubeClient
+    namespace: str
+    name: str
+    mode: Callable[[], str]
+    _: KW_ONLY
+    decided: Callable[[], None] = lambda: None
+    _written: str | None = field(default=None, init=False)
+    _checked: float = field(default=0.0, init=False)
 
     def sync(self) -> float:
         """One pass; seconds until the next. Raises on API trouble (the caller backs off)."""
         try:
-            self._decided()
+            self.decided()
         except NotReady:
             return PUBLISH_POLL
-        want = self._mode()
+        want = self.mode()
         if want == self._written and time.monotonic() - self._checked < PUBLISH_RESYNC:
             return PUBLISH_POLL
-        current = self._client.get_or_none(CONFIGMAPS, self._name, self._namespace)
+        current = self.client.get_or_none(CONFIGMAPS, self.name, self.namespace)
         if current is None:
             body: JSON = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {
-                    "name": self._name,
-                    "namespace": self._namespace,
+                    "name": self.name,
+                    "namespace": self.namespace,
                     "labels": {"app.kubernetes.io/managed-by": "lumigo-operator"},
                 },
                 "data": {MODE_KEY: want},
             }
-            self._client.create(CONFIGMAPS, body, self._namespace)
+            self.client.create(CONFIGMAPS, body, self.namespace)
         elif (current.get("data") or {}).get(MODE_KEY) != want:
             current["data"] = {**(current.get("data") or {}), MODE_KEY: want}
-            self._client.replace(CONFIGMAPS, current, self._namespace)
+            self.client.replace(CONFIGMAPS, current, self.namespace)
         if want != self._written:
-            log.info("injection mode published", extra={"mode": want, "configmap": self._name})
+            log.info("injection mode published", extra={"mode": want, "configmap": self.name})
         self._written, self._checked = want, time.monotonic()
         return PUBLISH_POLL
 
 
+@dataclass(eq=False)
 class PublishedInjectionMode:
     """The webhook's side: the mode in the manager's ConfigMap (init-container until it says
     otherwise, or when it says something unknown: that mode works on every node)."""
 
-    def __init__(self, configmap: Informer, namespace: str, name: str) -> None:
-        self._configmap = configmap
-        self._namespace = namespace
-        self._name = name
-        self._ready_deadline = float("inf")
+    configmap: Informer
+    namespace: str
+    name: str
+    _ready_deadline: float = field(default=float("inf"), init=False)
 
     def start(self) -> None:
         self._ready_deadline = time.monotonic() + READY_WAIT
@@ -304,7 +296,7 @@ class PublishedInjectionMode:
         return
 
     def mode(self) -> str:
-        found = self._configmap.get(self._namespace, self._name)
+        found = self.configmap.get(self.namespace, self.name)
         value = ((found or {}).get("data") or {}).get(MODE_KEY)
         if value in constants.INJECTION_MODES:
             return str(value)
@@ -314,5 +306,5 @@ class PublishedInjectionMode:
         """For /readyz: wait (a bounded while) for the manager's first decision."""
         if time.monotonic() >= self._ready_deadline:
             return
-        if self._configmap.get(self._namespace, self._name) is None:
-            raise NotReady(f"waiting for the manager's injection mode in ConfigMap {self._name}")
+        if self.configmap.get(self.namespace, self.name) is None:
+            raise NotReady(f"waiting for the manager's injection mode in ConfigMap {self.name}")
