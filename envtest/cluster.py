@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from envtest.process import Process, Supervisor, free_port, wait_for_a_stop_signal, wait_healthy
+from kube import certs
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(os.environ.get("LUMIGO_BIN_DIR", ROOT / "bin"))
@@ -74,33 +75,9 @@ FRONT_PROXY_CLIENT = "front-proxy-client"  # the aggregation layer's client cert
 def make_pki(directory: Path) -> dict[str, KeyPair]:
     """A CA, the apiserver serving cert, admin and operator client certs, the SA signing key."""
     now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lumigo-local-cluster-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(hours=1))
-        .not_valid_after(now + dt.timedelta(days=7))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    # Made as the webhook's CA is (kube.certs), with the local cluster's name.
+    policy = certs.CertPolicy(service="kubernetes", namespace="default")
+    ca = certs.generate_ca(policy, now, common_name="lumigo-local-cluster-ca")
 
     def leaf(cn: str, orgs: list[str], server: bool, path: str) -> KeyPair:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -109,7 +86,7 @@ def make_pki(directory: Path) -> dict[str, KeyPair]:
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name(attrs))
-            .issuer_name(ca_name)
+            .issuer_name(ca.cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(hours=1))
@@ -137,15 +114,15 @@ def make_pki(directory: Path) -> dict[str, KeyPair]:
                 ),
                 critical=False,
             )
-        cert = builder.sign(ca_key, hashes.SHA256())
+        cert = builder.sign(ca.key, hashes.SHA256())
         pair = KeyPair(directory / f"{path}.crt", directory / f"{path}.key")
         pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(pair.key, key)
         return pair
 
     ca_pair = KeyPair(directory / "ca.crt", directory / "ca.key")
-    ca_pair.cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    _write_key(ca_pair.key, ca_key)
+    ca_pair.cert.write_bytes(ca.cert_pem)
+    _write_key(ca_pair.key, ca.key)
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     sa = KeyPair(directory / "sa.pub", directory / "sa.key")
     _write_key(sa.key, sa_key)

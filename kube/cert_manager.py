@@ -45,7 +45,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -406,42 +406,38 @@ class _Pending:
     held: bool = False  # logged as waiting for the webhook configurations to trust it
 
 
+@dataclass(eq=False)
 class SelfSignedCerts:
     """Every replica: serve the Secret's certificate (hot-swapped) and report readiness."""
 
-    def __init__(
-        self,
-        tls: ServingTLS,
-        cert: ManagedCert,
-        *,
-        kube: KubeAPI | None = None,
-        clock: Clock = utcnow,
-    ) -> None:
-        self.tls = tls
-        self.cert = cert
-        self._kube = kube
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._seen: dict[tuple[str, str], JSON] = {}  # (kind, name) -> webhook configuration
-        self._bundle: tuple[x509.Certificate, ...] = ()
-        self._bundle_b64 = ""
-        self._secret_problem = "the certificate Secret has not been seen yet"
-        self._load_lock = threading.Lock()  # informer threads: Secret vs webhook configurations
-        self._pending: _Pending | None = None  # the Secret's pair, until it is served
+    tls: ServingTLS
+    cert: ManagedCert
+    _: KW_ONLY
+    kube: KubeAPI | None = None
+    clock: Clock = utcnow
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # (kind, name) -> webhook configuration
+    _seen: dict[tuple[str, str], JSON] = field(default_factory=dict, init=False)
+    _bundle: tuple[x509.Certificate, ...] = field(default=(), init=False)
+    _bundle_b64: str = field(default="", init=False)
+    _secret_problem: str = field(default="the certificate Secret has not been seen yet", init=False)
+    # informer threads: Secret vs webhook configurations
+    _load_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _pending: _Pending | None = field(default=None, init=False)  # the pair, until it is served
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
         """Read the current state once (events keep it fresh afterwards), if given a client."""
-        if self._kube is None:
+        if self.kube is None:
             return
         try:
-            secret = self._kube.get_or_none(
+            secret = self.kube.get_or_none(
                 SECRETS, self.cert.serving_secret, self.cert.policy.namespace
             )
             if secret is not None:
                 self.on_add(secret)
             for resource, name in self.cert.configs:
-                config = self._kube.get_or_none(resource, name)
+                config = self.kube.get_or_none(resource, name)
                 if config is not None:
                     self.on_add(config)
         except ApiError as err:
@@ -551,7 +547,7 @@ class SelfSignedCerts:
             return False  # load_pem reports it
         if cert == loaded.certificate:
             return False
-        trusted, now = _trusted_by_all(configs), self._clock()
+        trusted, now = _trusted_by_all(configs), self.clock()
         return certs.trusted_for(
             loaded.certificate, trusted, self.cert.policy, now
         ) and not certs.trusted_for(cert, trusted, self.cert.policy, now)
@@ -573,7 +569,7 @@ class SelfSignedCerts:
             raise NotReady(problem)
         try:
             certs.verify_serving(
-                loaded.certificate, bundle, self.cert.policy.subject_alt_names, self._clock()
+                loaded.certificate, bundle, self.cert.policy.subject_alt_names, self.clock()
             )
         except VerificationError as err:
             raise NotReady(

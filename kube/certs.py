@@ -158,11 +158,11 @@ def _new_key() -> PrivateKey:
     return ec.generate_private_key(ec.SECP256R1())  # fast handshakes; Go and OpenSSL support it
 
 
-def generate_ca(policy: CertPolicy, now: dt.datetime) -> KeyPair:
+def generate_ca(policy: CertPolicy, now: dt.datetime, common_name: str = CA_COMMON_NAME) -> KeyPair:
     key = _new_key()
     name = x509.Name(
         [
-            x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
             # Unique per CA: two generations must never look like the same issuer.
             x509.NameAttribute(NameOID.SERIAL_NUMBER, f"{int(now.timestamp() * 1e6):x}"),
         ]
