@@ -155,44 +155,42 @@ class _Uvicorn(uvicorn.Server):
             connection.transport.abort()
 
 
+@dataclasses.dataclass(eq=False)
 class HTTPServer:
     """Serves `handler` over HTTP/1.1 with keep-alive, over TLS when `tls` is given, on an event
     loop thread of its own. `listener` is a socket bound by `bind` (shared by worker
     processes); without one, the server binds `options.host:options.port`."""
 
-    def __init__(
-        self,
-        handler: RequestHandler,
-        options: ServerOptions,
-        *,
-        tls: ServingTLS | None = None,
-        name: str = "http-server",
-        listener: socket.socket | None = None,
-    ) -> None:
-        self.handler = handler
-        self.options = options
-        self.tls = tls
-        self.name = name
-        self._listener = listener
+    handler: RequestHandler
+    options: ServerOptions
+    _: dataclasses.KW_ONLY
+    tls: ServingTLS | None = None
+    name: str = "http-server"
+    listener: socket.socket | None = None
+    _limits: Connections = dataclasses.field(init=False)
+    _server: _Uvicorn | None = dataclasses.field(default=None, init=False)
+    _app: HandlerApp | None = dataclasses.field(default=None, init=False)
+    _thread: threading.Thread | None = dataclasses.field(default=None, init=False)
+    _pool: concurrent.futures.ThreadPoolExecutor | None = dataclasses.field(
+        default=None, init=False
+    )
+    _stopping: threading.Event = dataclasses.field(default_factory=threading.Event, init=False)
+
+    def __post_init__(self) -> None:
         # The deadlines and caps the protocol enforces, by the same names as in `options`.
         shared = {
-            f.name: getattr(options, f.name)
+            f.name: getattr(self.options, f.name)
             for f in dataclasses.fields(Connections)
-            if f.init and hasattr(options, f.name)
+            if f.init and hasattr(self.options, f.name)
         }
-        self._limits = Connections(cap=options.max_connections, name=name, **shared)
-        self._server: _Uvicorn | None = None
-        self._app: HandlerApp | None = None
-        self._thread: threading.Thread | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._stopping = threading.Event()
+        self._limits = Connections(cap=self.options.max_connections, name=self.name, **shared)
 
     # -- what tests and probes look at --------------------------------------------------------
     @property
     def port(self) -> int:
-        if self._listener is None:
+        if self.listener is None:
             raise RuntimeError("the server is not started")
-        return int(self._listener.getsockname()[1])
+        return int(self.listener.getsockname()[1])
 
     @property
     def connections(self) -> int:
@@ -232,8 +230,8 @@ class HTTPServer:
             return
         opts = self.options
         self._limits.cap = _connection_cap(opts.max_connections)
-        if self._listener is None:
-            self._listener = bind(opts.host, opts.port)
+        if self.listener is None:
+            self.listener = bind(opts.host, opts.port)
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=opts.workers, thread_name_prefix=f"{self.name}-handler"
         )
@@ -263,7 +261,7 @@ class HTTPServer:
             backlog=opts.backlog,
             ssl_context_factory=(lambda _cfg, _default: tls.server_context()) if tls else None,
         )
-        self._server = _Uvicorn(config, self._limits, self._listener)
+        self._server = _Uvicorn(config, self._limits, self.listener)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         while not self._server.listening.wait(0.05):
