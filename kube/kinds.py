@@ -9,32 +9,26 @@ from __future__ import annotations
 
 from kube.rest import Resource
 
-NAMESPACES = Resource("v1", "Namespace", "namespaces", namespaced=False)
-NODES = Resource("v1", "Node", "nodes", namespaced=False)
-CONFIGMAPS = Resource("v1", "ConfigMap", "configmaps")
-EVENTS = Resource("v1", "Event", "events")
-PODS = Resource("v1", "Pod", "pods")
-SERVICES = Resource("v1", "Service", "services")
-LEASES = Resource("coordination.k8s.io/v1", "Lease", "leases")
 
-DAEMONSETS = Resource("apps/v1", "DaemonSet", "daemonsets")
-DEPLOYMENTS = Resource("apps/v1", "Deployment", "deployments")
-REPLICASETS = Resource("apps/v1", "ReplicaSet", "replicasets")
-STATEFULSETS = Resource("apps/v1", "StatefulSet", "statefulsets")
-CRONJOBS = Resource("batch/v1", "CronJob", "cronjobs")
-JOBS = Resource("batch/v1", "Job", "jobs")
+def _group(api_version: str, *kinds: str, namespaced: bool = True) -> tuple[Resource, ...]:
+    """One Resource per kind of an API group. The plural is the lower-cased kind plus "s", which
+    holds for every kind listed here (not for all kinds: Ingress, NetworkPolicy, Endpoints)."""
+    return tuple(Resource(api_version, kind, f"{kind.lower()}s", namespaced) for kind in kinds)
 
-# The kinds the certificate manager writes.
-SECRETS = Resource("v1", "Secret", "secrets")
-MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
+
+NAMESPACES, NODES = _group("v1", "Namespace", "Node", namespaced=False)
+CONFIGMAPS, EVENTS, PODS, SECRETS, SERVICES = _group(
+    "v1", "ConfigMap", "Event", "Pod", "Secret", "Service"
+)
+(LEASES,) = _group("coordination.k8s.io/v1", "Lease")
+DAEMONSETS, DEPLOYMENTS, REPLICASETS, STATEFULSETS = _group(
+    "apps/v1", "DaemonSet", "Deployment", "ReplicaSet", "StatefulSet"
+)
+CRONJOBS, JOBS = _group("batch/v1", "CronJob", "Job")
+# What the certificate manager writes, besides the Secret.
+MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS = _group(
     "admissionregistration.k8s.io/v1",
     "MutatingWebhookConfiguration",
-    "mutatingwebhookconfigurations",
-    namespaced=False,
-)
-VALIDATING_WEBHOOK_CONFIGURATIONS = Resource(
-    "admissionregistration.k8s.io/v1",
     "ValidatingWebhookConfiguration",
-    "validatingwebhookconfigurations",
     namespaced=False,
 )

@@ -89,7 +89,9 @@ class AgentTarget:
 
 @dataclass(eq=False)
 class ClusterAgentReconciler:
-    """Applies (or, disabled, removes) the agent's Secret and DaemonSet; leader only."""
+    """Applies (or, disabled, removes) the agent's Secret and DaemonSet; leader only. Waits,
+    warning once, while the token Secret or the proxy Deployment is missing: the agent's pods
+    take their token from the one and their image and owner from the other."""
 
     client: KubeClient
     target: AgentTarget
