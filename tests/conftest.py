@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -19,6 +20,13 @@ from hypothesis import HealthCheck, settings
 
 from controller.runtime.kube import KubeClient
 from envtest.cluster import LocalCluster
+
+# A run started in the background by a non-interactive shell inherits SIGINT ignored, and so would
+# every app a test starts (an ignored signal survives exec): Python then never installs its
+# KeyboardInterrupt handler, and the tests that stop a traced app with Ctrl-C wait in vain. A
+# handler, unlike SIG_IGN, is reset to the default in the children.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parent.parent
 
