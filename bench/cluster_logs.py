@@ -44,7 +44,7 @@ import yaml
 from bench import benchkit
 from controller.runtime.kube import KubeClient
 from controller.telemetry.agent_config import AgentSettings, build_agent
-from envtest.cluster import FAKE_NODE, running
+from envtest.cluster import FAKE_NODE, LocalCluster
 from envtest.process import wait_until
 from kube.kinds import PODS
 from tests.support.otel import Collector, local_settings, running_sink
@@ -163,7 +163,7 @@ def main() -> int:
         "lines": "json" if args.json else "text",
         "json_parser": not args.without_json_parser,
     }
-    with running() as cluster, running_sink(count_only=True) as sink:
+    with LocalCluster() as cluster, running_sink(count_only=True) as sink:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", NAMESPACE)
         with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench import benchkit
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import MonitoredNamespace, render
-from envtest.cluster import running
+from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import EVENTS, NAMESPACES, REPLICASETS
 from tests.e2e.test_telemetry_events import owned_pod
@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=2000)
     args = parser.parse_args()
     rows = []
-    with running() as cluster:
+    with LocalCluster() as cluster:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         crd = ROOT / "config" / "crd" / "bases" / "operator.lumigo.io_lumigoes.yaml"
         cluster.kubectl("apply", "--server-side", "-f", str(crd))

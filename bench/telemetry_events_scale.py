@@ -28,7 +28,7 @@ from pathlib import Path
 from bench import benchkit
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import MonitoredNamespace, render
-from envtest.cluster import running
+from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS
 from tests.support.otel import (
@@ -72,7 +72,7 @@ def main() -> int:
     counts = [int(c) for c in args.counts.split(",")]
 
     rows = []
-    with running() as cluster:
+    with LocalCluster() as cluster:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", "bench")
         # Each namespace's heartbeat receiver pulls its Lumigoes: the CRD must be served.

@@ -36,7 +36,7 @@ from typing import Any
 
 from bench import benchkit
 from controller.telemetry.config import MonitoredNamespace, Origin, render
-from envtest.cluster import running
+from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from tests.support.otel import (
     OTLPSink,
@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=20.0, help="legitimate requests per s")
     args = parser.parse_args()
 
-    with running() as cluster, running_sink() as sink:
+    with LocalCluster() as cluster, running_sink() as sink:
         cluster.kubectl("create", "namespace", "bench")
         settings = local_settings(sink.url, "bench", origin=Origin("local-test", "bench-cluster"))
         config = render([MonitoredNamespace("bench", "uid", TOKEN, kube_events=False)], settings)

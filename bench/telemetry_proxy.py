@@ -33,7 +33,7 @@ from typing import Any
 from bench import benchkit
 from controller.runtime.kube import KubeClient
 from controller.telemetry.config import MonitoredNamespace, Origin, render
-from envtest.cluster import running
+from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import PODS
 from tests.support.otel import (
@@ -96,7 +96,7 @@ def main() -> int:
     parser.add_argument("--spans", type=int, default=100, help="spans per request")
     args = parser.parse_args()
 
-    with running() as cluster, running_sink(count_only=True) as sink:
+    with LocalCluster() as cluster, running_sink(count_only=True) as sink:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", "bench")
         pod = {
