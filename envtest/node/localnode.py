@@ -192,6 +192,18 @@ class LocalNode:
         """Import a docker-archive/OCI tar into the node's containerd (namespace k8s.io)."""
         self.ctr("images", "import", "--no-unpack=false", str(archive))
 
+    def trust_registry(self, host: str, ca_pem: bytes) -> None:
+        """Let this node's containerd pull from the HTTPS registry `host` (`ip:port`), verifying
+        its certificate against `ca_pem` only. containerd reads `certs.d` on every pull, so this
+        works on a running node. No credentials here: they come from `imagePullSecrets`."""
+        directory = self.workdir / "config" / "certs.d" / host
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "ca.crt").write_bytes(ca_pem)
+        (directory / "hosts.toml").write_text(
+            f'server = "https://{host}"\n\n[host."https://{host}"]\n'
+            f'  capabilities = ["pull", "resolve"]\n  ca = "{directory / "ca.crt"}"\n'
+        )
+
     def ctr(self, *args: str) -> str:
         assert self.components is not None
         proc = sh(
