@@ -16,6 +16,7 @@ import pytest
 
 from envtest.cluster import FAKE_NODE, LocalCluster
 from envtest.node import LocalNode, NodeError, preflight, require
+from envtest.registry import LocalRegistry, RegistryError
 from tests.conftest import _namespace_name
 
 # The tier is part of `make test`; LUMIGO_NODE=off is the one way to leave it out.
@@ -145,3 +146,25 @@ def node_namespace(
         yield name
     finally:
         node_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[LocalRegistry]:
+    """The tier's OCI registry (envtest/registry.py: HTTPS from a private CA, basic auth), started
+    once on first use: what a user's cluster pulls the product's images from."""
+    try:
+        started = LocalRegistry().start()
+    except RegistryError as err:
+        pytest.fail(str(err), pytrace=False)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def registry_node(node: LocalNode, registry: LocalRegistry) -> LocalNode:
+    """The running node, its containerd trusting the registry's CA (no credentials: those come
+    from each pod's imagePullSecrets)."""
+    node.trust_registry(registry.host, registry.ca_pem)
+    return node

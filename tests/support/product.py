@@ -50,17 +50,17 @@ IMAGES = (
 JSON = dict[str, Any]
 
 
-def built_images() -> dict[str, JSON]:
+def built_images(names: tuple[str, ...] = IMAGES) -> dict[str, JSON]:
     """Build what changed (`make images`; a warm run only hashes inputs): name -> manifest entry
     (`ref`, `tar`). The operator image is built from the working tree, as a release would be."""
     proc = subprocess.run(
-        [sys.executable, str(BUILD_IMAGES), *IMAGES], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, str(BUILD_IMAGES), *names], capture_output=True, text=True, cwd=ROOT
     )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise AssertionError(f"hack/build-images failed:\n{tail}")
     images = json.loads(MANIFEST.read_text())["images"]
-    return {name: dict(images[name]) for name in IMAGES}
+    return {name: dict(images[name]) for name in names}
 
 
 def split_ref(ref: str) -> tuple[str, str]:
