@@ -234,7 +234,11 @@ def test_records_the_upstream_refuses_for_good_are_dropped_not_resent(
 def watchdog_account(cluster: LocalCluster, namespace: str) -> Iterator[str]:
     """config/watchdog's ServiceAccount and RBAC, moved into the test's namespace (the name of
     lumigo-system, the install's namespace, replaced everywhere)."""
-    text = (ROOT / "config" / "watchdog" / "rbac.yaml").read_text()
+    # With the metrics-reader ClusterRole it is bound to (config/rbac, in the same install).
+    text = "\n---\n".join(
+        (ROOT / "config" / path).read_text()
+        for path in ("watchdog/rbac.yaml", "rbac/metrics_reader_role.yaml")
+    )
     docs = [d for d in yaml.safe_load_all(text.replace("lumigo-system", namespace)) if d]
     cluster_wide = [d for d in docs if d["kind"].startswith("Cluster")]
     for doc in cluster_wide:  # cluster-scoped names: one per test
@@ -254,6 +258,16 @@ def watchdog_account(cluster: LocalCluster, namespace: str) -> Iterator[str]:
     finally:
         for doc in cluster_wide:
             cluster.kubectl("delete", doc["kind"], doc["metadata"]["name"], check=False)
+
+
+def test_the_install_rbac_lets_the_watchdog_scrape_the_operators_secure_metrics(
+    cluster: LocalCluster, namespace: str, watchdog_account: str
+) -> None:
+    """config/watchdog binds its ServiceAccount to the metrics-reader ClusterRole, as the chart
+    does: without it the kustomize (and OLM) watchdog's scrape of the manager is refused (403)."""
+    who = f"--as=system:serviceaccount:{namespace}:{watchdog_account}"
+    assert cluster.kubectl("auth", "can-i", "get", "/metrics", who, check=False).strip() == "yes"
+    assert cluster.kubectl("auth", "can-i", "get", "/logs", who, check=False).strip() == "no"
 
 
 def owned(kind: str, name: str, owner: JSON) -> JSON:

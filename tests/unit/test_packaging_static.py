@@ -110,6 +110,7 @@ MANAGER = "lumigo-lumigo-operator-controller-manager"
 WEBHOOK = "lumigo-lumigo-operator-webhook"  # the webhook Deployment and its ServiceAccount
 WEBHOOK_RBAC = (CONFIG / "webhook" / "rbac.yaml", CONFIG / "webhook" / "self_cert_rbac.yaml")
 PROXY = "lumigo-lumigo-operator-telemetry-proxy"
+WATCHDOG = "lumigo-lumigo-operator-watchdog"
 OPERATOR_SA = "lumigo-kubernetes-operator"
 # This repository's collector build (hack/tools/otelcol, with lumigo_k8s_enricher), as released.
 PROXY_IMAGE = f"quay.io/lumigo/lumigo-operator-telemetry-proxy:v{VERSION}"
@@ -297,7 +298,9 @@ def test_admission_is_served_by_its_own_deployment_and_identity() -> None:
 
 def test_the_bundle_grants_no_certificate_rbac() -> None:
     spec = csv()["spec"]["install"]["spec"]
-    rules = [r for p in spec["clusterPermissions"] + spec["permissions"] for r in p["rules"]]
+    # Rules on resources (not the watchdog's /metrics).
+    granted = spec["clusterPermissions"] + spec["permissions"]
+    rules = [r for p in granted for r in p["rules"] if "resources" in r]
     assert not [r for r in rules if "mutatingwebhookconfigurations" in r["resources"]]
     # Token Secrets: GET by name. OLM (AllNamespaces) makes `permissions` cluster-wide, so no
     # Secret may be created through them: with GET on every Secret, creating one anywhere would
@@ -565,6 +568,12 @@ def test_bundle_ships_no_object_olm_creates_itself() -> None:
     roles = [d for p in (BUNDLE / "manifests").glob("*.yaml") for d in load(p)
              if d["kind"] == "ClusterRole"]  # fmt: skip
     assert roles == [one(CONFIG / "rbac" / "metrics_reader_role.yaml", "ClusterRole")]
+
+
+def test_the_csv_lets_the_watchdog_scrape_the_operators_secure_metrics() -> None:
+    """config/watchdog's binding to metrics-reader becomes the watchdog's clusterPermissions."""
+    reader = one(CONFIG / "rbac" / "metrics_reader_role.yaml", "ClusterRole")
+    assert reader["rules"][0] in csv_permissions("clusterPermissions", WATCHDOG)
 
 
 def test_csv_installs_the_telemetry_proxy() -> None:
