@@ -7,6 +7,7 @@ registry (envtest/registry.py) and are not in containerd before the pod asks for
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import io
 import json
@@ -22,6 +23,7 @@ from envtest import ociimage
 from envtest.cluster import LocalCluster
 from envtest.node import LocalNode, NodeError
 from envtest.registry import LocalRegistry
+from kube import certs
 from tests.support.pods import apply, container, get, logs, pod, wait_pod
 from tests.support.product import built_images
 from webhook.pod_injection import InjectionSettings, inject
@@ -140,10 +142,38 @@ def test_without_valid_credentials_the_kubelet_reports_the_registrys_refusal(
         node_namespace,
         pulled_pod("wrong", image, policy="Always", imagePullSecrets=[{"name": "wrong-password"}]),
     )
-    for name in ("anonymous", "wrong"):
+    # containerd's words: with no credentials it does not retry the registry's Basic challenge.
+    expected = {"anonymous": "no basic auth credentials", "wrong": "401 Unauthorized"}
+    for name, words in expected.items():
         reason, message = wait_image_error(node_cluster, node_namespace, name)
         assert reason in ("ErrImagePull", "ImagePullBackOff"), (name, reason, message)
-        assert "401 Unauthorized" in message or "authorization failed" in message, message
+        assert words in message, message
+
+
+def test_the_node_verifies_the_registry_certificate_against_the_ca_it_was_given(
+    registry_node: LocalNode,
+    node_cluster: LocalCluster,
+    node_namespace: str,
+    registry: LocalRegistry,
+    busybox_digest: str,
+) -> None:
+    """containerd skips TLS verification for a loopback registry it has no `hosts.toml` for (its
+    localhost fallback); the node's `certs.d` entry names the CA, so with another CA there the
+    pull fails: the tier's pulls are verified, as a user's node verifies its registry."""
+    policy = certs.CertPolicy(service="other", namespace="local")
+    other = certs.generate_ca(policy, dt.datetime.now(dt.UTC), common_name="another-ca")
+    registry_node.trust_registry(registry.host, other.cert_pem)
+    try:
+        apply(node_cluster, node_namespace, registry.pull_secret(PULL_SECRET))
+        image = registry.ref(BUSYBOX_REPO, digest=busybox_digest)
+        spec = pulled_pod(
+            "untrusted", image, policy="Always", imagePullSecrets=[{"name": PULL_SECRET}]
+        )
+        apply(node_cluster, node_namespace, spec)
+        _, message = wait_image_error(node_cluster, node_namespace, "untrusted")
+        assert "certificate signed by unknown authority" in message, message
+    finally:
+        registry_node.trust_registry(registry.host, registry.ca_pem)
 
 
 def wait_image_error(cluster: LocalCluster, namespace: str, name: str) -> tuple[str, str]:
