@@ -405,7 +405,8 @@ def test_non_default_values_are_rendered() -> None:
         assert arg in container["args"]
     assert "--revert" not in container["args"]
     # The telemetry proxy: where the operator finds it, where it sends, what it is called.
-    assert container["args"][-22:] == [
+    assert env["LUMIGO_NODE_EXPORTER_IMAGE"] == "quay.io/prometheus/node-exporter:v1.8.2"
+    assert container["args"][-21:] == [
         "--telemetry-proxy-deployment=acme-tracing-telemetry-proxy",
         "--telemetry-proxy-config-secret=acme-tracing-telemetry-proxy-config",
         "--telemetry-upstream-endpoint=https://otlp.example.com",
@@ -423,7 +424,6 @@ def test_non_default_values_are_rendered() -> None:
         "--cluster-metrics-essential-only",
         "--cluster-metrics-essential-names=k8s.pod.cpu.usage,k8s.node.cpu.usage",
         "--kubelet-port=10255",
-        "--node-exporter-image=quay.io/prometheus/node-exporter:v1.8.2",
         # The chart's own kube-state-metrics (install: true), not any other in the cluster.
         "--kube-state-metrics-selector=app.kubernetes.io/name=kube-state-metrics,"
         "app.kubernetes.io/instance=lumigo",

@@ -162,7 +162,7 @@ def test_kustomizations_list_every_manifest() -> None:
     for part in ("crd", "rbac", "manager", "webhook", "telemetry-proxy", "default"):
         directory = CONFIG / part
         (kustomization,) = load(directory / "kustomization.yaml")
-        listed = kustomization["resources"]
+        listed = kustomization["resources"] + kustomization.get("configurations", [])
         for entry in listed:
             assert (directory / entry).exists(), f"{part}: {entry} does not exist"
         local = {p.name for p in directory.glob("*.yaml") if p.name != "kustomization.yaml"}
@@ -533,10 +533,22 @@ def test_csv_has_every_recommended_field() -> None:
         "AllNamespaces",
     }
     assert {i["image"] for i in spec["relatedImages"]} == {
-        OPERATOR_IMAGE, INJECTOR_IMAGE, PROXY_IMAGE
+        OPERATOR_IMAGE, INJECTOR_IMAGE, PROXY_IMAGE, "quay.io/prometheus/node-exporter:v1.8.2"
     }  # fmt: skip
     (icon,) = spec["icon"]
     assert icon["mediatype"] == "image/svg+xml"
+
+
+def test_related_images_are_every_image_the_csv_runs_or_hands_the_operator() -> None:
+    """Disconnected mirroring copies `relatedImages`: each container image of the CSV's
+    Deployments and each image the operator deploys or injects (the manager's `*_IMAGE` env)."""
+    spec = csv()["spec"]
+    used = set()
+    for deployment in spec["install"]["spec"]["deployments"]:
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            used.add(container["image"])
+            used |= {e["value"] for e in container.get("env", []) if e["name"].endswith("_IMAGE")}
+    assert {i["image"] for i in spec["relatedImages"]} == used
 
 
 def test_csv_descriptors_cover_every_top_level_field() -> None:

@@ -86,17 +86,96 @@ control-plane: webhook
 http://{{ include "lumigo-operator.fullname" . }}-telemetry-proxy-service.$(POD_NAMESPACE).svc.cluster.local
 {{- end }}
 
-{{/* <repository>:<tag> of one of this chart's own images; an empty tag is v<appVersion>. */}}
+{{- /*
+One image reference, for every image the chart deploys or makes the operator deploy or inject.
+`global.imageRegistry` (host[:port][/path]) replaces the registry host of `repository` (its first
+component when that has a '.' or ':' or is localhost, as Docker reads references). A `digest`
+gives <repository>@<digest>, the tag ignored: tools such as skopeo refuse tag@digest. Anything
+that could never be pulled fails the render here, naming the value, instead of an
+ImagePullBackOff later (the schema checks the same; this holds with --skip-schema-validation).
+Arguments: image (the values' image object), name (its values path, for the messages), root,
+defaultTag (the tag when `tag` is empty; "" = a tag or digest is required).
+*/ -}}
+{{- define "lumigo-operator.imageRef" -}}
+{{- $component := `[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*` }}
+{{- $host := `[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?` }}
+{{- $repository := toString (.image.repository | default "") }}
+{{- if not (regexMatch (printf "^(?:%s/)?%s(?:/%s)*$" $host $component $component) $repository) }}
+{{- fail (printf "%s.repository %q is not an image repository (e.g. quay.io/lumigo/lumigo-operator: lower-case path, optional registry host)" .name $repository) }}
+{{- end }}
+{{- $registry := toString (((.root.Values.global).imageRegistry) | default "") | trimSuffix "/" }}
+{{- if $registry }}
+{{- if not (regexMatch (printf "^%s(?:/%s)*$" $host $component) $registry) }}
+{{- fail (printf "global.imageRegistry %q is not a registry (host[:port][/path], e.g. registry.example.com:5000/mirror)" $registry) }}
+{{- end }}
+{{- $parts := splitList "/" $repository }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $repository = join "/" (rest $parts) }}
+{{- end }}
+{{- $repository = printf "%s/%s" $registry $repository }}
+{{- end }}
+{{- $digest := toString (.image.digest | default "") }}
+{{- $tag := toString (.image.tag | default .defaultTag | default "") }}
+{{- if $digest }}
+{{- if not (regexMatch "^sha256:[a-f0-9]{64}$" $digest) }}
+{{- fail (printf "%s.digest %q is not a digest (sha256: and 64 lower-case hex digits)" .name $digest) }}
+{{- end }}
+{{- printf "%s@%s" $repository $digest }}
+{{- else }}
+{{- if not (regexMatch "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$" $tag) }}
+{{- fail (printf "%s.tag %q is not an image tag (letters, digits, '_', '.', '-'; at most 128), and %s.digest is empty" .name $tag .name) }}
+{{- end }}
+{{- printf "%s:%s" $repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* One of this chart's own images: an empty tag is v<appVersion>. */}}
 {{- define "lumigo-operator.image" -}}
-{{- printf "%s:%s" .image.repository (default (printf "v%s" .root.Chart.AppVersion) .image.tag) }}
+{{- include "lumigo-operator.imageRef" (dict "image" .image "name" .name "root" .root "defaultTag" (printf "v%s" .root.Chart.AppVersion)) }}
 {{- end }}
 
 {{- define "lumigo-operator.managerImage" -}}
-{{- include "lumigo-operator.image" (dict "image" .Values.controllerManager.manager.image "root" .) }}
+{{- include "lumigo-operator.image" (dict "image" .Values.controllerManager.manager.image "name" "controllerManager.manager.image" "root" .) }}
 {{- end }}
 
 {{- define "lumigo-operator.injectorImage" -}}
-{{- include "lumigo-operator.image" (dict "image" .Values.injectorWebhook.lumigoInjector.image "root" .) }}
+{{- include "lumigo-operator.image" (dict "image" .Values.injectorWebhook.lumigoInjector.image "name" "injectorWebhook.lumigoInjector.image" "root" .) }}
+{{- end }}
+
+{{- define "lumigo-operator.kubeStateMetricsImage" -}}
+{{- include "lumigo-operator.imageRef" (dict "image" .Values.kubeStateMetrics.image "name" "kubeStateMetrics.image" "root" .) }}
+{{- end }}
+
+{{- define "lumigo-operator.nodeExporterImage" -}}
+{{- include "lumigo-operator.imageRef" (dict "image" .Values.prometheusNodeExporter.image "name" "prometheusNodeExporter.image" "root" .) }}
+{{- end }}
+
+{{- /*
+The pull secrets of every pod of the chart (all in the release namespace; the cluster agent
+DaemonSet the operator makes copies the telemetry proxy's): `global.imagePullSecrets` (names or
+{name: …}) then the top-level `imagePullSecrets`, without repeats. Pods the operator instruments
+in other namespaces never get these: they pull the injected image with their own (see
+docs/operations.md, Images from your own registry).
+*/ -}}
+{{- define "lumigo-operator.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range concat (((.Values.global).imagePullSecrets) | default list) (.Values.imagePullSecrets | default list) }}
+{{- $name := . }}
+{{- if kindIs "map" . }}{{ $name = .name }}{{ end }}
+{{- $name = toString ($name | default "") }}
+{{- if not (regexMatch `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$` $name) }}
+{{- fail (printf "global.imagePullSecrets / imagePullSecrets: %q is not a Secret name" $name) }}
+{{- end }}
+{{- $names = append $names $name | uniq }}
+{{- end }}
+{{- $secrets := list }}
+{{- range $names }}
+{{- $secrets = append $secrets (dict "name" .) }}
+{{- end }}
+{{- with $secrets }}
+{{- toYaml (dict "imagePullSecrets" .) }}
+{{- end }}
 {{- end }}
 
 {{- /*
@@ -111,7 +190,7 @@ combination is refused here.
 {{- if and $proxy.enricher (regexMatch "(^|/)opentelemetry-collector[^/]*$" $proxy.image.repository) }}
 {{- fail (printf "telemetryProxy.image.repository %s is an upstream OpenTelemetry Collector without this operator's lumigo_k8s_enricher processor: set telemetryProxy.enricher=false with it, or keep the default image" $proxy.image.repository) }}
 {{- end }}
-{{- include "lumigo-operator.image" (dict "image" $proxy.image "root" .) }}
+{{- include "lumigo-operator.image" (dict "image" $proxy.image "name" "telemetryProxy.image" "root" .) }}
 {{- end }}
 
 {{/* The restricted Pod Security Standard, for every pod of the chart. */}}
@@ -162,9 +241,8 @@ tolerations:
 nodeSelector:
 {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-{{- toYaml . | nindent 2 }}
+{{- with include "lumigo-operator.imagePullSecrets" . }}
+{{ . }}
 {{- end }}
 {{- end }}
 
@@ -180,9 +258,8 @@ tolerations:
 nodeSelector:
 {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-{{- toYaml . | nindent 2 }}
+{{- with include "lumigo-operator.imagePullSecrets" . }}
+{{ . }}
 {{- end }}
 {{- end }}
 
