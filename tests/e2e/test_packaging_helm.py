@@ -38,12 +38,12 @@ from tests.support.packaging import (
     find,
     get_json,
     helm,
+    helm_release,
     installed_operator,
     is_injected,
     load_docs,
     load_file,
     render_chart,
-    restricted_namespace,
     run,
     service_account_kubeconfig,
     telemetry_proxy_requests,
@@ -646,13 +646,8 @@ def test_non_default_render_applies_with_server_side_dry_run(
 
 @pytest.fixture
 def release(full_cluster: LocalCluster) -> Iterator[HelmRelease]:
-    """A release `lumigo` in its own restricted namespace; removed whatever the test did."""
-    with restricted_namespace(full_cluster, f"t-helm-{uuid.uuid4().hex[:5]}") as namespace:
-        rel = HelmRelease(full_cluster, "lumigo", namespace)
-        try:
-            yield rel
-        finally:
-            rel.force_cleanup()
+    with helm_release(full_cluster) as rel:
+        yield rel
 
 
 def test_helm_install_upgrade_uninstall(full_cluster: LocalCluster, release: HelmRelease) -> None:

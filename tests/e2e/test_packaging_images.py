@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import base64
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from controller.cli import _parser
+from controller.options import component_settings, run_options
 from controller.runtime.kube import KubeClient
+from controller.telemetry.agent import AgentTarget, agent_daemonset
 from envtest.cluster import LocalCluster
 from envtest.process import wait_until
 from kube.kinds import DEPLOYMENTS, PODS, SECRETS
@@ -28,11 +30,11 @@ from tests.support.packaging import (
     HelmRelease,
     get_json,
     helm,
+    helm_release,
     installed_operator,
     is_injected,
     load_docs,
     render_chart,
-    restricted_namespace,
     run,
     tool,
 )
@@ -200,6 +202,35 @@ def test_global_pull_secrets_are_on_every_pod_of_the_chart() -> None:
     assert all("imagePullSecrets" not in s for s in pod_specs(render(every_feature_on())).values())
 
 
+def test_the_operator_deploys_the_agent_from_the_registry_with_the_pull_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The manager's rendered args and env, parsed by the operator's own flags, and the rendered
+    proxy Deployment give the cluster agent DaemonSet the operator creates: the proxy's image and
+    pull secrets, node-exporter from the registry."""
+    values = merged(
+        every_feature_on(),
+        {"global": {"imageRegistry": REGISTRY, "imagePullSecrets": ["mirror-pull"]}},
+    )
+    docs = render(values)
+    manager = next(d for d in docs if d["metadata"]["name"].endswith("-controller-manager")
+                   and d["kind"] == "Deployment")  # fmt: skip
+    container = manager["spec"]["template"]["spec"]["containers"][0]
+    for env in container["env"]:
+        if "value" in env:
+            monkeypatch.setenv(env["name"], env["value"])
+    opts = run_options(_parser().parse_args(["run", *container["args"]]))
+    target = component_settings(AgentTarget, opts)
+    proxy = next(d for d in docs if d["kind"] == "Deployment"
+                 and d["metadata"]["name"] == target.proxy_deployment)  # fmt: skip
+    pod = agent_daemonset(target, proxy, "digest", metrics=True)["spec"]["template"]["spec"]
+    assert [c["image"] for c in pod["containers"]] == [
+        f"{REGISTRY}/lumigo/lumigo-operator-telemetry-proxy:v{APP_VERSION}",
+        f"{REGISTRY}/prometheus/node-exporter:v1.8.2",
+    ]
+    assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}]
+
+
 def helm_template_error(*sets: str) -> str:
     result = helm("template", "lumigo", str(CHART), *sets, check=False)
     assert result.returncode != 0, "the render should have failed"
@@ -309,13 +340,8 @@ def test_kustomize_images_reach_the_images_passed_in_env(tmp_path: Path) -> None
 
 @pytest.fixture
 def release(full_cluster: LocalCluster) -> Iterator[HelmRelease]:
-    """A release `lumigo` in its own restricted namespace; removed whatever the test did."""
-    with restricted_namespace(full_cluster, f"t-images-{uuid.uuid4().hex[:5]}") as namespace:
-        rel = HelmRelease(full_cluster, "lumigo", namespace)
-        try:
-            yield rel
-        finally:
-            rel.force_cleanup()
+    with helm_release(full_cluster, "t-images") as rel:
+        yield rel
 
 
 def dockerconfigjson(registry: str) -> dict[str, Any]:

@@ -202,6 +202,17 @@ def restricted_namespace(cluster: LocalCluster, name: str) -> Iterator[str]:
         cluster.kubectl("delete", "namespace", name, "--ignore-not-found", "--wait=false")
 
 
+@contextlib.contextmanager
+def helm_release(cluster: LocalCluster, prefix: str = "t-helm") -> Iterator[HelmRelease]:
+    """A release `lumigo` in its own restricted namespace; removed whatever the test did."""
+    with restricted_namespace(cluster, f"{prefix}-{uuid.uuid4().hex[:5]}") as namespace:
+        rel = HelmRelease(cluster, "lumigo", namespace)
+        try:
+            yield rel
+        finally:
+            rel.force_cleanup()
+
+
 # --- what installed ServiceAccounts may do -------------------------------------------------
 
 
