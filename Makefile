@@ -49,6 +49,25 @@ IMG ?= quay.io/lumigo/lumigo-operator:v$(shell sed -n 's/^version = "\(.*\)"/\1/
 docker-build: ## Build the operator image (needs docker; the autotrace image: injector/Dockerfile)
 	docker build -t $(IMG) .
 
+# Releases (docs/releasing.md): REGISTRY=host[:port][/prefix] VERSION=x.y.z; a registry's
+# credentials (docker config.json) and private CA (PEM) through REGISTRY_AUTH_FILE/REGISTRY_CA_FILE.
+RELEASE_FLAGS = --registry "$(REGISTRY)" --version "$(VERSION)" \
+	$(if $(REGISTRY_AUTH_FILE),--auth-file "$(REGISTRY_AUTH_FILE)") \
+	$(if $(REGISTRY_CA_FILE),--ca-file "$(REGISTRY_CA_FILE)")
+.PHONY: release-args
+release-args:
+	@test -n "$(REGISTRY)" -a -n "$(VERSION)" || { echo "usage: make $(MAKECMDGOALS) REGISTRY=host[:port][/prefix] VERSION=x.y.z" >&2; exit 2; }
+
+.PHONY: release
+release: release-args venv images ## Push images (OCI indexes), SBOMs, signatures, chart, bundle: REGISTRY=… VERSION=…
+	$(PYTHON) hack/install-tools helm-olm cosign
+	$(PY) hack/release publish $(RELEASE_FLAGS) $(if $(RELEASE_KEY_DIR),--key-dir "$(RELEASE_KEY_DIR)")
+
+.PHONY: verify-release
+verify-release: release-args venv ## Verify a release's signatures and SBOMs: REGISTRY=… VERSION=… [RELEASE_KEY=cosign.pub]
+	$(PYTHON) hack/install-tools cosign
+	$(PY) hack/release verify $(RELEASE_FLAGS) $(if $(RELEASE_KEY),--key "$(RELEASE_KEY)")
+
 .PHONY: lint
 lint: venv ## ruff (lint + format check), mypy --strict, import-linter (the layering, pyproject.toml)
 	$(VENV)/bin/ruff check .
