@@ -360,12 +360,16 @@ def test_private_registry_install_and_the_app_namespace_pulls_with_its_own_secre
     operator copies no Secret there."""
     cluster, ns, fullname = full_cluster, release.namespace, release.fullname
     digest = DIGESTS["injectorWebhook.lumigoInjector"]
-    release.install(
+    out = release.install(
         "--set", f"global.imageRegistry={REGISTRY}",
         "--set", "global.imagePullSecrets[0]=mirror-pull",
         "--set", f"injectorWebhook.lumigoInjector.image.digest={digest}",
         "--set", "injectorWebhook.lumigoInjector.mode=init-container",
     )  # fmt: skip
+    # NOTES.txt tells the platform engineer which credentials the app namespaces need.
+    notes = " ".join(out.split("NOTES:", 1)[1].split())
+    assert f"Traced pods pull {REGISTRY}/lumigo/lumigo-autotrace@{digest} with their own" in notes
+    assert "kubectl patch serviceaccount default -n <namespace>" in notes
     pods = get_json(cluster, "pods", "-n", ns)["items"]
     assert len(pods) >= 4, [p["metadata"]["name"] for p in pods]  # manager, webhook, proxy, dog
     for pod in pods:
