@@ -91,15 +91,19 @@ class LocalRegistry:
             return f"{self.host}/{repository}@{digest}"
         return f"{self.host}/{repository}:{tag or 'latest'}"
 
-    def dockerconfigjson(self) -> dict[str, Any]:
-        """What a `kubernetes.io/dockerconfigjson` Secret holds, for this registry only."""
-        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-        entry = {"username": self.username, "password": self.password, "auth": token}
+    def dockerconfigjson(self, password: str | None = None) -> dict[str, Any]:
+        """What a `kubernetes.io/dockerconfigjson` Secret holds, for this registry only (with
+        another `password`: credentials it refuses, for tests of that)."""
+        password = self.password if password is None else password
+        token = base64.b64encode(f"{self.username}:{password}".encode()).decode()
+        entry = {"username": self.username, "password": password, "auth": token}
         return {"auths": {self.host: entry}}
 
-    def pull_secret(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def pull_secret(
+        self, name: str, namespace: str | None = None, *, password: str | None = None
+    ) -> dict[str, Any]:
         """A Secret manifest for `imagePullSecrets` (apply it with kubectl)."""
-        payload = json.dumps(self.dockerconfigjson()).encode()
+        payload = json.dumps(self.dockerconfigjson(password)).encode()
         metadata: dict[str, str] = {"name": name}
         if namespace is not None:
             metadata["namespace"] = namespace

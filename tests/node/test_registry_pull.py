@@ -126,15 +126,8 @@ def test_without_valid_credentials_the_kubelet_reports_the_registrys_refusal(
     """No pull secret, or one with a wrong password: the registry refuses (401), so the pod
     waits in ErrImagePull/ImagePullBackOff. `Always` makes the kubelet ask the registry even if
     another test left the image on the node."""
-    wrong = {"username": registry.username, "password": "not-the-password"}
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "wrong-password"},
-        "type": "kubernetes.io/dockerconfigjson",
-        "stringData": {".dockerconfigjson": json.dumps({"auths": {registry.host: wrong}})},
-    }
-    apply(node_cluster, node_namespace, secret)
+    wrong = registry.pull_secret("wrong-password", password="not-the-password")
+    apply(node_cluster, node_namespace, wrong)
     image = registry.ref(BUSYBOX_REPO, digest=busybox_digest)
     apply(node_cluster, node_namespace, pulled_pod("anonymous", image, policy="Always"))
     apply(
