@@ -18,14 +18,17 @@ Figures:
 Writer, agent and sink share the machine's cores, so these are floors for the agent.
 
     .venv/bin/python bench/cluster_logs.py [--rate 2000] [--seconds 20] [--backlog 300000] [--json]
-        [--without-json-parser]
+        [--without-json-parser] [--rounds N]
 
 `--json` writes JSON-object lines of the same size instead (each becomes a map body).
-`--without-json-parser` runs the agent without its `json-body` operator (the configuration
-before JSON-object lines became map bodies), to measure what that parse costs on the same lines.
+`--without-json-parser` runs the agent without its JSON-body parse (the configuration before
+JSON-object lines became map bodies), to measure what that parse costs on the same lines.
+`--rounds N` measures only the steady phase, N paired rounds each running the agent with and
+without the parse (in alternating order, each on a new container's file, so that the load of the
+machine weighs on both alike), and prints the medians and every round's increase.
 
 Prints a summary and writes bench/results/cluster_logs.json (`--json`: cluster_logs_json.json;
-`--without-json-parser` adds `_without_json_parser` to the name).
+`--without-json-parser` adds `_without_json_parser` to the name, `--rounds` `_paired`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -43,7 +47,7 @@ import yaml
 
 from bench import benchkit
 from controller.runtime.kube import KubeClient
-from controller.telemetry.agent_config import AgentSettings, build_agent
+from controller.telemetry.agent_config import JSON_BODY, AgentSettings, build_agent
 from envtest.cluster import FAKE_NODE, LocalCluster
 from envtest.process import wait_until
 from kube.kinds import PODS
@@ -94,7 +98,9 @@ def log_file(pods_dir: Path, pod: str, uid: str) -> Path:
     return path
 
 
-def agent(workdir: Path, sink_url: str, env: dict[str, str]) -> Collector:
+def agent(
+    workdir: Path, sink_url: str, env: dict[str, str], without_parser: bool = False
+) -> Collector:
     proxy = local_settings(sink_url, NAMESPACE)
     settings = AgentSettings(
         "lumigo-system",
@@ -106,12 +112,62 @@ def agent(workdir: Path, sink_url: str, env: dict[str, str]) -> Collector:
     run.mkdir(exist_ok=True)
     env = {**env, "K8S_NODE_NAME": FAKE_NODE, "LUMIGO_CLUSTER_TOKEN": "t_0123456789abcdef01234"}
     config = build_agent(settings)
-    if WITHOUT_JSON_PARSER:
-        filelog = config["receivers"]["filelog"]
-        filelog["operators"] = [o for o in filelog["operators"] if o.get("id") != "json-body"]
+    if without_parser or WITHOUT_JSON_PARSER:
+        without_json_body(config)
     # As render_agent writes it.
     text = yaml.safe_dump(config, sort_keys=True, width=1000)
     return Collector(text, run, proxy.health_port, env)
+
+
+def without_json_body(config: dict[str, Any]) -> None:
+    """The agent's configuration without the parse that turns JSON-object lines into maps."""
+    filelog = config["receivers"]["filelog"]
+    filelog["operators"] = [o for o in filelog["operators"] if o.get("id") != "json-body"]
+    pipeline = config["service"]["pipelines"]["logs/container-files"]
+    pipeline["processors"] = [p for p in pipeline["processors"] if p != JSON_BODY]
+    config["processors"].pop(JSON_BODY, None)
+
+
+def paired(cluster: LocalCluster, sink: Any, kube: KubeClient, args: Any) -> dict[str, Any]:
+    """`--rounds`: the steady phase with and without the parse, alternating, on new files."""
+    rounds: list[dict[str, Any]] = []
+    for n in range(args.rounds):
+        shares: dict[str, float] = {}
+        rss: dict[str, float] = {}
+        order = (False, True) if n % 2 == 0 else (True, False)
+        for without in order:
+            with tempfile.TemporaryDirectory() as tmp:
+                workdir = Path(tmp)
+                (workdir / "pods").mkdir()
+                collector = agent(workdir, sink.url, cluster.env(), without).start()
+                try:
+                    assert collector.popen is not None
+                    time.sleep(3)
+                    name = f"r{n}-{'without' if without else 'with'}"
+                    path = log_file(workdir / "pods", name, bound_pod(kube, name))
+                    run = steady(path, sink, collector.popen.pid, args.rate, args.seconds)
+                    key = "without" if without else "with"
+                    shares[key] = run["cpu_share_of_one_core"]
+                    rss[key] = round(collector.rss_kib()[0] / 1024, 1)
+                finally:
+                    collector.stop()
+        increase = round(100 * (shares["with"] / shares["without"] - 1), 1)
+        rounds.append({"cpu": shares, "rss_mib": rss, "increase_percent": increase})
+        print(f"round {n}: {rounds[-1]}", flush=True)
+    return {
+        "rate_lines_per_s": args.rate,
+        "seconds": args.seconds,
+        "rounds": rounds,
+        "median_cpu_without": statistics.median(r["cpu"]["without"] for r in rounds),
+        "median_cpu_with": statistics.median(r["cpu"]["with"] for r in rounds),
+        "median_increase_percent": statistics.median(r["increase_percent"] for r in rounds),
+        "increase_range_percent": [
+            min(r["increase_percent"] for r in rounds),
+            max(r["increase_percent"] for r in rounds),
+        ],
+        "median_rss_mib_without": statistics.median(r["rss_mib"]["without"] for r in rounds),
+        "median_rss_mib_with": statistics.median(r["rss_mib"]["with"] for r in rounds),
+    }
 
 
 def steady(path: Path, sink: Any, pid: int, rate: int, seconds: float) -> dict[str, Any]:
@@ -140,6 +196,58 @@ def steady(path: Path, sink: Any, pid: int, rate: int, seconds: float) -> dict[s
     }
 
 
+def single(cluster: LocalCluster, sink: Any, kube: KubeClient, args: Any) -> dict[str, Any]:
+    """Idle, steady and saturated figures of one agent configuration."""
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        (workdir / "pods").mkdir()
+        # Steady: the agent runs first, then one container writes at a fixed rate.
+        collector = agent(workdir, sink.url, cluster.env()).start()
+        try:
+            assert collector.popen is not None
+            pid = collector.popen.pid
+            time.sleep(3)
+            figures["idle_rss_mib"] = round(collector.rss_kib()[0] / 1024, 1)
+            path = log_file(workdir / "pods", "steady", bound_pod(kube, "steady"))
+            figures["steady"] = steady(path, sink, pid, args.rate, args.seconds)
+            rss, peak = collector.rss_kib()
+            figures["steady"].update(
+                rss_mib=round(rss / 1024, 1), peak_rss_mib=round(peak / 1024, 1)
+            )
+        finally:
+            collector.stop()
+        # Saturated: a backlog waiting in a new container's file when the agent starts.
+        path = log_file(workdir / "pods", "backlog", bound_pod(kube, "backlog"))
+        with path.open("w") as out:
+            for start in range(0, args.backlog, 10_000):
+                out.write(cri_lines(start, min(10_000, args.backlog - start)))
+        base = sink.logs_received
+        collector = agent(workdir, sink.url, cluster.env())
+        started = time.monotonic()
+        collector.start()
+        try:
+            assert collector.popen is not None
+            wait_until(lambda: sink.logs_received - base >= args.backlog, 600, "the backlog")
+            took = time.monotonic() - started
+            cpu = cpu_seconds(collector.popen.pid)
+            rss, peak = collector.rss_kib()
+        finally:
+            collector.stop()
+        figures["saturated"] = {
+            "lines": args.backlog,
+            "bytes": path.stat().st_size,
+            "seconds": round(took, 2),
+            "lines_per_s": round(args.backlog / took),
+            "mib_per_s": round(path.stat().st_size / took / 2**20, 2),
+            "cpu_cores": round(cpu / took, 2),
+            "rss_mib": round(rss / 1024, 1),
+            "peak_rss_mib": round(peak / 1024, 1),
+        }
+        figures["duplicates"] = sink.logs_received - (base + args.backlog)
+    return figures
+
+
 def _arguments() -> argparse.Namespace:
     parser = benchkit.parser(__doc__)
     parser.add_argument("--rate", type=int, default=2000, help="lines/s of the steady phase")
@@ -149,7 +257,13 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--without-json-parser",
         action="store_true",
-        help="the agent without its json-body operator (every line stays a string)",
+        help="the agent without its JSON-body parse (every line stays a string)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="paired rounds of the steady phase with and without the parse (nothing else)",
     )
     return parser.parse_args()
 
@@ -166,58 +280,17 @@ def main() -> int:
     with LocalCluster() as cluster, running_sink(count_only=True) as sink:
         kube = KubeClient.from_kubeconfig(cluster.kubeconfig)
         cluster.kubectl("create", "namespace", NAMESPACE)
-        with tempfile.TemporaryDirectory() as tmp:
-            workdir = Path(tmp)
-            (workdir / "pods").mkdir()
-            # Steady: the agent runs first, then one container writes at a fixed rate.
-            collector = agent(workdir, sink.url, cluster.env()).start()
-            try:
-                assert collector.popen is not None
-                pid = collector.popen.pid
-                time.sleep(3)
-                figures["idle_rss_mib"] = round(collector.rss_kib()[0] / 1024, 1)
-                path = log_file(workdir / "pods", "steady", bound_pod(kube, "steady"))
-                figures["steady"] = steady(path, sink, pid, args.rate, args.seconds)
-                rss, peak = collector.rss_kib()
-                figures["steady"].update(
-                    rss_mib=round(rss / 1024, 1), peak_rss_mib=round(peak / 1024, 1)
-                )
-            finally:
-                collector.stop()
-            # Saturated: a backlog waiting in a new container's file when the agent starts.
-            path = log_file(workdir / "pods", "backlog", bound_pod(kube, "backlog"))
-            with path.open("w") as out:
-                for start in range(0, args.backlog, 10_000):
-                    out.write(cri_lines(start, min(10_000, args.backlog - start)))
-            base = sink.logs_received
-            collector = agent(workdir, sink.url, cluster.env())
-            started = time.monotonic()
-            collector.start()
-            try:
-                assert collector.popen is not None
-                wait_until(lambda: sink.logs_received - base >= args.backlog, 600, "the backlog")
-                took = time.monotonic() - started
-                cpu = cpu_seconds(collector.popen.pid)
-                rss, peak = collector.rss_kib()
-            finally:
-                collector.stop()
-            figures["saturated"] = {
-                "lines": args.backlog,
-                "bytes": path.stat().st_size,
-                "seconds": round(took, 2),
-                "lines_per_s": round(args.backlog / took),
-                "mib_per_s": round(path.stat().st_size / took / 2**20, 2),
-                "cpu_cores": round(cpu / took, 2),
-                "rss_mib": round(rss / 1024, 1),
-                "peak_rss_mib": round(peak / 1024, 1),
-            }
-            figures["duplicates"] = sink.logs_received - (base + args.backlog)
+        if args.rounds:
+            figures["paired"] = paired(cluster, sink, kube, args)
+        else:
+            figures.update(single(cluster, sink, kube, args))
     figures["machine"] = {
         **benchkit.machine(),
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
     name = "cluster_logs" + ("_json" if args.json else "")
     name += "_without_json_parser" if args.without_json_parser else ""
+    name += "_paired" if args.rounds else ""
     results = RESULTS.with_name(f"{name}.json")
     benchkit.save(results, figures)
     for key, value in figures.items():

@@ -3,6 +3,7 @@ module lumigo-operator/collector
 go 1.25.0
 
 require (
+	github.com/goccy/go-json v0.10.6
 	go.opentelemetry.io/collector/component v1.58.0
 	go.opentelemetry.io/collector/consumer v1.58.0
 	go.opentelemetry.io/collector/pdata v1.58.0

@@ -8,9 +8,11 @@ kubelet's container log files of its own node, `<pods dir>/<namespace>_<pod>_<ui
 - `filelog` with the `container` parser (CRI, containerd and Docker formats; a line the runtime
   split into partial records is joined again) and a `recombine` step that joins continuation
   lines (those starting with whitespace: stack-trace frames) to the record before them; a record
-  that looks like a JSON object becomes a map body (`json_parser`), any other stays a string, and
-  every record carries the scope `lumigo-operator.log_file_collector` (`transform`), as the
-  reference sends them;
+  that looks like a JSON object becomes a map body, any other stays a string, and every record
+  carries the scope `lumigo-operator.log_file_collector` (`transform`), as the reference sends
+  them. The parse is `lumigo_json_body` (collector/) with an image of this operator's collector
+  distribution (`k8s_enricher`): the same maps as stanza's `json_parser`, which an upstream image
+  runs instead, with less CPU (docs/benchmarks.md);
 - read offsets and the export queue kept in `file_storage` on the node, so a restarted agent
   resumes where it stopped: nothing read twice, nothing skipped, and what was read but not yet
   exported survives a crash;
@@ -64,6 +66,8 @@ DEFAULT_POD_LOGS_DIR = "/var/log/pods"
 # The instrumentation scope of the records read from log files: the name by which the Lumigo
 # backend tells container logs from other logs (the reference's log-file collector sends it).
 LOG_FILE_SCOPE = "lumigo-operator.log_file_collector"
+# The processor of this operator's collector distribution that turns a JSON-object body into a map.
+JSON_BODY = "lumigo_json_body"
 # Where the pod mounts the node's directories.
 POD_LOGS_MOUNT = "/var/log/pods"
 STATE_MOUNT = "/var/lib/lumigo-cluster-agent"
@@ -346,9 +350,12 @@ def build_agent(s: AgentSettings) -> JSON:
                 {"context": "scope", "statements": [f'set(name, "{LOG_FILE_SCOPE}")']}
             ],
         }
+        json_body = [JSON_BODY] if s.proxy.k8s_enricher else []
+        if json_body:
+            config["processors"][JSON_BODY] = {}
         config["service"]["pipelines"]["logs/container-files"] = {
             "receivers": ["filelog"],
-            "processors": ["transform/log_files", *processors],
+            "processors": [*json_body, "transform/log_files", *processors],
             "exporters": ["otlp_http/lumigo"],
         }
     m = s.metrics
@@ -550,7 +557,7 @@ def _kube_state_metrics(m: MetricsSettings, keep: list[JSON]) -> JSON:
 def _filelog(s: AgentSettings) -> JSON:
     include = s.include or (LogFileRule(),)
     exclude = (LogFileRule(s.operator_namespace), *s.exclude)
-    return {
+    filelog: JSON = {
         "include": sorted({r.path(s.pods_dir) for r in include}),
         "exclude": sorted({r.path(s.pods_dir) for r in exclude}),
         # With the offsets kept on the node, "beginning" only matters for files the agent has
@@ -574,18 +581,23 @@ def _filelog(s: AgentSettings) -> JSON:
                 "force_flush_period": "1s",
                 "max_log_size": "1MiB",
             },
-            # A record that looks like a JSON object becomes a map body, as the reference sends
-            # it; anything else (plain text, an array, broken or too deeply nested JSON) stays
-            # the string it was, without a log line of the agent's own per failure.
+        ],
+    }
+    if not s.proxy.k8s_enricher:
+        # A record that looks like a JSON object becomes a map body, as the reference sends it;
+        # anything else (plain text, an array, broken or too deeply nested JSON) stays the string
+        # it was, without a log line of the agent's own per failure. (Our distribution's
+        # `lumigo_json_body` processor does the same, cheaper.)
+        filelog["operators"].append(
             {
                 "type": "json_parser",
                 "id": "json-body",
                 "if": 'body matches "^\\\\s*\\\\{"',
                 "parse_to": "body",
                 "on_error": "send_quiet",
-            },
-        ],
-    }
+            }
+        )
+    return filelog
 
 
 def _root_owner() -> list[str]:

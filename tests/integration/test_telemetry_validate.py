@@ -77,6 +77,12 @@ def test_validate_rejects_a_broken_config(tmp_path: Path) -> None:
             metrics=MetricsSettings(enabled=True, upstream_endpoint="https://m.example.com"),
             proxy=ProxySettings(kube_auth="kubeConfig"),
         ),
+        # This repository's processors (lumigo_json_body on the logs, the enricher's owner_uid).
+        AgentSettings(
+            "ops",
+            metrics=MetricsSettings(enabled=True),
+            proxy=ProxySettings(kube_auth="kubeConfig", k8s_enricher=True),
+        ),
     ],
 )
 def test_the_cluster_agent_config_passes_collector_validate(

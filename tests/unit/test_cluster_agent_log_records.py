@@ -6,11 +6,13 @@ tests/integration/test_cluster_agent_logs.py."""
 from __future__ import annotations
 
 from controller.telemetry.agent_config import (
+    JSON_BODY,
     LOG_FILE_SCOPE,
     AgentSettings,
     MetricsSettings,
     build_agent,
 )
+from controller.telemetry.config import ProxySettings
 
 
 def test_log_file_records_carry_the_reference_scope_name() -> None:
@@ -31,7 +33,10 @@ def test_log_file_records_carry_the_reference_scope_name() -> None:
 
 
 def test_a_json_object_line_becomes_a_map_body_and_any_other_line_stays_a_string() -> None:
-    operators = build_agent(AgentSettings("ops"))["receivers"]["filelog"]["operators"]
+    # With an upstream collector image: stanza's json_parser.
+    config = build_agent(AgentSettings("ops"))
+    assert JSON_BODY not in config["processors"]
+    operators = config["receivers"]["filelog"]["operators"]
     parser = operators[-1]
     # After the runtime's format and the multi-line joining: the whole record is parsed.
     assert [o["type"] for o in operators[:-1]] == ["container", "recombine"]
@@ -41,6 +46,26 @@ def test_a_json_object_line_becomes_a_map_body_and_any_other_line_stays_a_string
     # tenant's malformed lines cannot flood the agent's own log).
     assert parser["if"] == 'body matches "^\\\\s*\\\\{"'
     assert parser["on_error"] == "send_quiet"
+
+
+def test_our_collector_parses_json_bodies_with_its_own_processor_first() -> None:
+    # An image of this operator's distribution (collector/lumigojsonbody): the same maps, cheaper;
+    # its Go tests compare every body with the json_parser's.
+    config = build_agent(AgentSettings("ops", proxy=ProxySettings(k8s_enricher=True)))
+    operators = config["receivers"]["filelog"]["operators"]
+    assert [o["type"] for o in operators] == ["container", "recombine"]
+    logs = config["service"]["pipelines"]["logs/container-files"]["processors"]
+    assert logs[0] == JSON_BODY == "lumigo_json_body"
+    assert config["processors"][JSON_BODY] == {}
+    # Only the container logs' pipeline has it.
+    metrics = build_agent(
+        AgentSettings(
+            "ops", metrics=MetricsSettings(enabled=True), proxy=ProxySettings(k8s_enricher=True)
+        )
+    )["service"]["pipelines"]
+    assert [n for n, p in metrics.items() if JSON_BODY in p["processors"]] == [
+        "logs/container-files"
+    ]
 
 
 def test_without_logs_there_is_no_log_processor() -> None:
