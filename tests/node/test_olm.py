@@ -46,6 +46,7 @@ BUILT_FOR = {
     "lumigo-operator": "operator",
     "lumigo-autotrace": "autotrace",
     "lumigo-operator-telemetry-proxy": "telemetry-proxy",
+    "node-exporter": "node-exporter",  # the manager runs it in the cluster agent's pods
 }
 FULLNAME = "lumigo-lumigo-operator"
 JSON = dict[str, Any]
