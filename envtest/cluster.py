@@ -170,9 +170,9 @@ AUDIT_POLICY = {
 }
 
 
-def sweep_stale_workdirs() -> None:
+def sweep_stale_workdirs(prefix: str = WORKDIR_PREFIX) -> None:
     """Remove work directories left by a parent that was SIGKILLed (its children died with it)."""
-    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
             pid = int((path / "owner.pid").read_text())
         except (OSError, ValueError):

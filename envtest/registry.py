@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import os
 import secrets
 import shutil
 import ssl
@@ -35,6 +36,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from envtest.cluster import sweep_stale_workdirs
 from envtest.process import Process, free_port, wait_for_a_stop_signal, wait_healthy
 from kube import certs
 
@@ -43,6 +45,7 @@ INSTALL_HINT = (
     "run `hack/install-system-deps` (Debian packages docker-registry, skopeo, apache2-utils)"
 )
 USERNAME = "lumigo-test"
+WORKDIR_PREFIX = "lumigo-registry-"
 _HTTP_UNAUTHORIZED = 401
 
 
@@ -54,7 +57,7 @@ class LocalRegistry:
     """One registry process; a context manager like envtest's other components."""
 
     def __init__(self, workdir: Path | None = None, host: str = "127.0.0.1") -> None:
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="lumigo-registry-"))
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
         self.port = free_port()
         self.address = host
         self.username = USERNAME
@@ -152,6 +155,7 @@ class LocalRegistry:
     def start(self) -> LocalRegistry:
         if not REGISTRY_BINARY.exists() or shutil.which("htpasswd") is None:
             raise RegistryError(f"{REGISTRY_BINARY} or htpasswd is missing: {INSTALL_HINT}")
+        sweep_stale_workdirs(WORKDIR_PREFIX)  # storage and keys of a SIGKILLed run
         try:
             config = self._write_files()
             self.process = Process(
@@ -186,6 +190,7 @@ class LocalRegistry:
     def _write_files(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cert_dir.mkdir(exist_ok=True)
+        (self.workdir / "owner.pid").write_text(str(os.getpid()))
         now = dt.datetime.now(dt.UTC)
         policy = certs.CertPolicy(
             service="registry",

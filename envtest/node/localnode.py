@@ -614,7 +614,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             # As a cloud's kubelet registers its Node (`<provider>://<instance>`): telemetry
             # carries it as k8s.provider.id.
             "providerID": self.provider_id,
-            # Images are imported, never pulled: the kubelet must never garbage-collect them.
+            # Images are imported (a few pulled from the tests' registry, envtest/registry.py):
+            # the kubelet must never garbage-collect them.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "evictionHard": {
