@@ -4,19 +4,24 @@
 One registry and one `hack/release publish` for the module; the tests read what it pushed:
 every image as an OCI index by tag and digest, the chart (static Helm repository and OCI) pinning
 those digests, `helm template` naming images only by digest, the CSV's relatedImages, and
-`hack/release verify` passing, then failing on a re-pushed tag and on a missing SBOM.
+`hack/release verify` passing, then failing on a re-pushed tag (another image's content; the
+same platforms under a re-written index) and on a missing SBOM.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import http.server
 import json
+import ssl
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +186,18 @@ def test_verify_release_passes_then_fails_on_a_repushed_tag_or_a_missing_sbom(
     registry.copy(f"docker://{signed}", ksm, VERSION, all_images=True)
     assert release_command("verify", registry, *key).returncode == 0
 
+    # The proxy's index re-written (same platform manifests, so their SBOMs still verify): only
+    # the index's signature can tell.
+    proxy = f"{PREFIX}/{IMAGES['telemetry-proxy']}"
+    index = json.loads(raw(registry, registry.ref(proxy, tag=VERSION)))
+    index["annotations"] = {"org.opencontainers.image.description": "not what was signed"}
+    put_manifest(registry, proxy, VERSION, json.dumps(index).encode(), INDEX)
+    rewritten = release_command("verify", registry, *key)
+    assert rewritten.returncode != 0
+    assert failed_images(rewritten.stderr) == {proxy}, rewritten.stderr[-4000:]
+    signed = registry.ref(proxy, digest=release["images"]["telemetry-proxy"]["digest"])
+    registry.copy(f"docker://{signed}", proxy, VERSION, all_images=True)
+
     # The SBOM attestation of the operator's amd64 manifest deleted.
     operator = f"{PREFIX}/{IMAGES['operator']}"
     manifest = release["images"]["operator"]["platforms"]["amd64"]["digest"]
@@ -190,6 +207,26 @@ def test_verify_release_passes_then_fails_on_a_repushed_tag_or_a_missing_sbom(
     no_sbom = release_command("verify", registry, *key)
     assert no_sbom.returncode != 0
     assert failed_images(no_sbom.stderr) == {operator}, no_sbom.stderr[-4000:]
+
+
+def put_manifest(
+    registry: LocalRegistry, repository: str, tag: str, body: bytes, media_type: str
+) -> None:
+    """PUT a manifest as any registry client can (basic auth, the registry's CA)."""
+    request = urllib.request.Request(
+        f"https://{registry.host}/v2/{repository}/manifests/{tag}",
+        data=body,
+        method="PUT",
+        headers={"Content-Type": media_type, "Authorization": basic_auth(registry)},
+    )
+    context = ssl.create_default_context(cafile=str(registry.ca_file))
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        assert response.status == HTTPStatus.CREATED
+
+
+def basic_auth(registry: LocalRegistry) -> str:
+    token = base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
+    return f"Basic {token}"
 
 
 def failed_images(stderr: str) -> set[str]:
