@@ -44,6 +44,7 @@ IMAGES = {  # build-images name -> path under the registry prefix (the chart's r
     "kube-state-metrics": "kube-state-metrics/kube-state-metrics",
     "node-exporter": "prometheus/node-exporter",
 }
+BUNDLE = "lumigo/lumigo-operator-bundle"  # the OLM bundle image, released with them
 INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -98,8 +99,8 @@ def pinned_refs(registry: LocalRegistry, release: dict[str, Any]) -> set[str]:
 def test_every_image_is_an_oci_index_by_tag_and_by_digest(
     registry: LocalRegistry, release: dict[str, Any]
 ) -> None:
-    assert set(release["images"]) == set(IMAGES)
-    for name, path in IMAGES.items():
+    assert set(release["images"]) == {*IMAGES, "bundle"}
+    for name, path in {**IMAGES, "bundle": BUNDLE}.items():
         recorded = release["images"][name]
         by_tag = raw(registry, registry.ref(f"{PREFIX}/{path}", tag=VERSION))
         assert digest_of(by_tag) == recorded["digest"], name
@@ -165,6 +166,16 @@ def test_the_bundle_csv_relates_every_image_by_digest(
     related = {i["image"] for i in csv["spec"]["relatedImages"]}
     assert related <= pinned_refs(registry, release)
     assert all("@sha256:" in ref for ref in image_refs([csv])), sorted(image_refs([csv]))
+    # the bundle image: the same CSV, labelled as a registry+v1 bundle
+    manifest = release["images"]["bundle"]["platforms"]["amd64"]["digest"]
+    bundle_image = registry.ref(f"{PREFIX}/{BUNDLE}", digest=manifest)
+    labels = json.loads(
+        registry.skopeo(
+            "inspect", "--cert-dir", str(registry.cert_dir), "--authfile",
+            str(registry.auth_file), f"docker://{bundle_image}",
+        )
+    )["Labels"]  # fmt: skip
+    assert labels["operators.operatorframework.io.bundle.mediatype.v1"] == "registry+v1"
 
 
 def test_verify_release_passes_then_fails_on_a_repushed_tag_or_a_missing_sbom(
