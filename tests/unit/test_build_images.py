@@ -7,32 +7,18 @@ project's Dockerfile must still build with docker from a pulled python image.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.support.scripts import hack_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader(
-        "build_images", str(ROOT / "hack" / "build-images")
-    )
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[loader.name] = module  # dataclasses look their module up
-    loader.exec_module(module)
-    return module
-
-
-bi = _load()
+bi = hack_script("build-images")
 
 
 def instructions(path: Path) -> list[tuple[str, str]]:
