@@ -193,6 +193,11 @@ def test_versions_and_images_agree() -> None:
     assert constants.DEFAULT_INJECTOR_IMAGE == INJECTOR_IMAGE
     assert injector_image["pullPolicy"] == constants.DEFAULT_INJECTOR_PULL_POLICY
     assert csv()["spec"]["minKubeVersion"] == chart["kubeVersion"].strip(">=").removesuffix("-0")
+    # The webhooks' matchConditions exist from Kubernetes 1.28 (beta, on by default; GA in 1.30):
+    # an older API server would drop them and call the webhooks for what they spare.
+    assert "matchConditions" in (CONFIG / "webhook" / "manifests.yaml").read_text()
+    minimum = csv()["spec"]["minKubeVersion"].split(".")
+    assert (int(minimum[0]), int(minimum[1])) >= (1, 28)
     proxy_image = values["telemetryProxy"]["image"]
     assert proxy_image["tag"] == "", "an empty tag is v<appVersion>, as the operator's"
     assert f"{proxy_image['repository']}:v{VERSION}" == PROXY_IMAGE
