@@ -511,15 +511,24 @@ def test_the_api_server_calls_the_injector_only_where_a_lumigo_is_active_or_a_wo
 
 
 def test_the_opted_in_entry_sees_labelled_workloads_until_they_opt_out(
-    operator: OperatorProcess, cluster: LocalCluster, kube: KubeClient
+    operator: OperatorProcess, full_cluster: LocalCluster, kube: KubeClient
 ) -> None:
     """Where no Lumigo is active, the injector is called for workloads carrying the
     lumigo.auto-trace label whatever its value (injection rewrites `true` to the version, so a
-    later `false` must still reach it), and not for those that stay opted out or are unlabelled."""
+    later `false` must still reach it), and not for those that stay opted out or are unlabelled.
+    Each PATCH waits for the Deployment controller's status write (it always runs: full mode):
+    a PATCH that races it conflicts, and the API server's retry calls the webhook again (CI once
+    counted 3 calls for 2)."""
     label = constants.LABEL_AUTO_TRACE
     ns = operator.new_namespace()
 
     def touch(name: str, labels: dict[str, str] | None = None) -> JSON:
+        def observed() -> bool:
+            meta_status = kube.get(DEPLOYMENTS, name, ns)
+            seen = meta_status.get("status", {}).get("observedGeneration")
+            return bool(seen == meta_status["metadata"]["generation"])
+
+        wait_until(observed, 60, f"the Deployment controller observed {name}")
         patch: JSON = {"metadata": {"annotations": {"touched": name}}}
         if labels:
             patch["metadata"]["labels"] = labels
