@@ -131,8 +131,8 @@ def test_global_image_registry_rewrites_every_image() -> None:
         f"quay.io/lumigo/lumigo-autotrace:{v}": f"{REGISTRY}/lumigo/lumigo-autotrace:{v}",
         f"quay.io/lumigo/lumigo-operator-telemetry-proxy:{v}":
             f"{REGISTRY}/lumigo/lumigo-operator-telemetry-proxy:{v}",
-        "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.18.0":
-            f"{REGISTRY}/kube-state-metrics/kube-state-metrics:v2.18.0",
+        "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.20.0":
+            f"{REGISTRY}/kube-state-metrics/kube-state-metrics:v2.20.0",
         "quay.io/prometheus/node-exporter:v1.8.2": f"{REGISTRY}/prometheus/node-exporter:v1.8.2",
     }  # fmt: skip
     assert {where: expected[image] for where, image in default.items()} == rewritten

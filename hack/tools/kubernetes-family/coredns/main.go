@@ -1,4 +1,5 @@
-// Command coredns is CoreDNS v1.15 with only the plugins the local node's cluster DNS needs.
+// Command coredns is CoreDNS v1.14 with only the plugins the local node's cluster DNS needs, on
+// the Kubernetes family's client-go 0.36 (../tools.go).
 //
 // It is built from this wrapper module by hack/install-tools (the documented way to choose
 // CoreDNS plugins at compile time: an external main that imports them and sets the directive
