@@ -7,8 +7,11 @@ way Helm, kustomize and OLM installations get the same agent from the same flags
 pods could not start without it). It borrows from the
 telemetry proxy's Deployment what an installation already chose there: the collector image and
 pull policy, image pull secrets, the ServiceAccount (whose ClusterRole already lets it read pods
-and their owners), tolerations and node affinity. Both the DaemonSet and its configuration Secret
-are owned by that Deployment, so uninstalling removes them; turning the flag off deletes them.
+and their owners), tolerations and node affinity; tolerations and a nodeSelector of the agent's
+own replace the proxy's when the Deployment's annotation `AGENT_SCHEDULING_ANNOTATION` names
+them (the chart's `tolerations.clusterAgent`, as in the reference chart). Both the DaemonSet and
+its configuration Secret are owned by that Deployment, so uninstalling removes them; turning the
+flag off deletes them.
 
 A level-triggered single-key loop: each pass renders the configuration
 (`controller.telemetry.agent_config`) and server-side applies both objects (a no-op on the API
@@ -19,6 +22,7 @@ it changes. A failed call raises, and the controller retries with backoff.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from dataclasses import KW_ONLY, dataclass, field, replace
 
@@ -179,6 +183,43 @@ class ClusterAgentReconciler:
         self._removed = True
 
 
+# On the telemetry proxy's Deployment: {"tolerations": [...], "nodeSelector": {...}} for the agent.
+AGENT_SCHEDULING_ANNOTATION = "operator.lumigo.io/cluster-agent-scheduling"
+
+
+def agent_scheduling(proxy: JSON) -> JSON:
+    """The agent's own tolerations and nodeSelector from the proxy Deployment's annotation, the
+    keys that are well formed only; an unreadable annotation is logged and leaves the proxy's."""
+    annotations = (proxy.get("metadata") or {}).get("annotations") or {}
+    text = annotations.get(AGENT_SCHEDULING_ANNOTATION)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        log.warning("ignoring the annotation %s: not JSON (%s)", AGENT_SCHEDULING_ANNOTATION, err)
+        return {}
+    if not isinstance(value, dict):
+        value = {}
+    scheduling: JSON = {}
+    tolerations = value.get("tolerations")
+    if isinstance(tolerations, list) and all(isinstance(t, dict) for t in tolerations):
+        scheduling["tolerations"] = tolerations
+    selector = value.get("nodeSelector")
+    if isinstance(selector, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+    ):
+        scheduling["nodeSelector"] = selector
+    if set(value) - set(scheduling):
+        log.warning(
+            "ignoring %s in the annotation %s: tolerations must be a list of objects and "
+            "nodeSelector a map of strings",
+            ", ".join(sorted(set(value) - set(scheduling))),
+            AGENT_SCHEDULING_ANNOTATION,
+        )
+    return scheduling
+
+
 def agent_daemonset(
     t: AgentTarget, proxy: JSON, config_digest: str, *, logs: bool = True, metrics: bool = False
 ) -> JSON:
@@ -277,6 +318,7 @@ def agent_daemonset(
     for key in ("imagePullSecrets", "tolerations", "affinity", "priorityClassName"):
         if pod.get(key):
             pod_spec[key] = pod[key]
+    pod_spec.update({k: v for k, v in agent_scheduling(proxy).items() if v})
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",

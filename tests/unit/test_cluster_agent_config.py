@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from controller.options import parse_log_rules
-from controller.telemetry.agent import AgentTarget, agent_daemonset
+from controller.telemetry.agent import AGENT_SCHEDULING_ANNOTATION, AgentTarget, agent_daemonset
 from controller.telemetry.agent_config import (
     ESSENTIAL_METRICS,
     ROOT_OWNER_KIND,
@@ -381,3 +383,32 @@ def test_kube_state_metrics_owner_series_get_owner_uids_with_the_enricher(enrich
         "events_scope": "lumigo-operator.k8s-events",
         "objects_scope": "lumigo-operator.k8s-objects",
     }
+
+
+def test_the_agent_takes_its_own_placement_from_the_proxy_annotation_and_only_a_valid_one() -> None:
+    """The chart's `tolerations.clusterAgent` / `nodeSelector.clusterAgent` (the reference's
+    keys) reach the DaemonSet through the proxy Deployment's annotation; without it the agent
+    keeps the proxy's tolerations, and a malformed part is ignored rather than applied."""
+    target = AgentTarget("ops", "agent", "proxy", "token")
+    mine = [{"key": "agent", "operator": "Exists"}]
+
+    def agent_pod(annotation: str | None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": "proxy", "uid": "u"}
+        if annotation is not None:
+            metadata["annotations"] = {AGENT_SCHEDULING_ANNOTATION: annotation}
+        proxy = {"metadata": metadata, "spec": {"template": {"spec": {
+            "containers": [{"name": "otelcol", "image": "otelcol:1"}],
+            "tolerations": [{"key": "proxy", "operator": "Exists"}]}}}}  # fmt: skip
+        spec: dict[str, Any] = agent_daemonset(target, proxy, "d")["spec"]["template"]["spec"]
+        return spec
+
+    borrowed = agent_pod(None)
+    assert borrowed["tolerations"] == [{"key": "proxy", "operator": "Exists"}]
+    assert "nodeSelector" not in borrowed
+    own = agent_pod(json.dumps({"tolerations": mine, "nodeSelector": {"pool": "logs"}}))
+    assert own["tolerations"] == mine
+    assert own["nodeSelector"] == {"pool": "logs"}
+    for bad in ("{not json", '"a string"', '{"tolerations": "x", "nodeSelector": {"a": 1}}'):
+        pod = agent_pod(bad)
+        assert pod["tolerations"] == [{"key": "proxy", "operator": "Exists"}], bad
+        assert "nodeSelector" not in pod, bad

@@ -135,12 +135,33 @@ defaultTag (the tag when `tag` is empty; "" = a tag or digest is required).
 {{- include "lumigo-operator.imageRef" (dict "image" .image "name" .name "root" .root "defaultTag" (printf "v%s" .root.Chart.AppVersion)) }}
 {{- end }}
 
+{{- /*
+The reference operator's own images (public.ecr.aws/lumigo/…, or its chart's development
+defaults host.docker.internal:5000/…) under keys this chart shares with it: a values file kept
+from the reference chart must not run the reference's controller, proxy or injector in this
+chart's pods, so such a repository is replaced by this chart's own (`default`, with its default
+tag) and NOTES.txt names the key. Arguments: image, default (the chart's repository).
+*/ -}}
+{{- define "lumigo-operator.isReferenceImage" -}}
+{{- if regexMatch `^(public\.ecr\.aws/lumigo|host\.docker\.internal:5000)/` (toString (.repository | default "")) }}true{{ end }}
+{{- end }}
+
+{{- define "lumigo-operator.ownImage" -}}
+{{- if include "lumigo-operator.isReferenceImage" .image }}
+{{- toYaml (dict "repository" .default "pullPolicy" (.image.pullPolicy | default "IfNotPresent")) }}
+{{- else }}
+{{- toYaml .image }}
+{{- end }}
+{{- end }}
+
 {{- define "lumigo-operator.managerImage" -}}
-{{- include "lumigo-operator.image" (dict "image" .Values.controllerManager.manager.image "name" "controllerManager.manager.image" "root" .) }}
+{{- $image := include "lumigo-operator.ownImage" (dict "image" .Values.controllerManager.manager.image "default" "quay.io/lumigo/lumigo-operator") | fromYaml }}
+{{- include "lumigo-operator.image" (dict "image" $image "name" "controllerManager.manager.image" "root" .) }}
 {{- end }}
 
 {{- define "lumigo-operator.injectorImage" -}}
-{{- include "lumigo-operator.image" (dict "image" .Values.injectorWebhook.lumigoInjector.image "name" "injectorWebhook.lumigoInjector.image" "root" .) }}
+{{- $image := include "lumigo-operator.ownImage" (dict "image" .Values.injectorWebhook.lumigoInjector.image "default" "quay.io/lumigo/lumigo-autotrace") | fromYaml }}
+{{- include "lumigo-operator.image" (dict "image" $image "name" "injectorWebhook.lumigoInjector.image" "root" .) }}
 {{- end }}
 
 {{- define "lumigo-operator.kubeStateMetricsImage" -}}
@@ -190,7 +211,8 @@ combination is refused here.
 {{- if and $proxy.enricher (regexMatch "(^|/)opentelemetry-collector[^/]*$" $proxy.image.repository) }}
 {{- fail (printf "telemetryProxy.image.repository %s is an upstream OpenTelemetry Collector without this operator's lumigo_k8s_enricher processor: set telemetryProxy.enricher=false with it, or keep the default image" $proxy.image.repository) }}
 {{- end }}
-{{- include "lumigo-operator.image" (dict "image" $proxy.image "name" "telemetryProxy.image" "root" .) }}
+{{- $image := include "lumigo-operator.ownImage" (dict "image" $proxy.image "default" "quay.io/lumigo/lumigo-operator-telemetry-proxy") | fromYaml }}
+{{- include "lumigo-operator.image" (dict "image" $image "name" "telemetryProxy.image" "root" .) }}
 {{- end }}
 
 {{/* The restricted Pod Security Standard, for every pod of the chart. */}}
@@ -229,10 +251,28 @@ nodeAffinity:
         - arm64
 {{- end }}
 
-{{/* Tolerations / nodeSelector of the webhook, falling back to the manager's, then global. */}}
-{{- define "lumigo-operator.webhookScheduling" -}}
-{{- $tolerations := .Values.injectorWebhook.tolerations | default .Values.controllerManager.tolerations | default .Values.global.tolerations }}
-{{- $nodeSelector := .Values.injectorWebhook.nodeSelector | default .Values.controllerManager.nodeSelector | default .Values.global.nodeSelector }}
+{{- /*
+Tolerations and nodeSelector of one pod: each is the first non-empty one of `sources`, then
+`global.*`, then the reference chart's `tolerations.global` / `nodeSelector.global`. A source is
+a values map of this chart (e.g. .Values.telemetryProxy) or a string naming a component of the
+reference chart, whose `tolerations.<name>` / `nodeSelector.<name>` a Lumigo user upgrading to
+this chart keeps (docs/operations.md). Arguments: root, sources.
+*/ -}}
+{{- define "lumigo-operator.placement" -}}
+{{- $values := .root.Values }}
+{{- $referenceTolerations := $values.tolerations | default dict }}
+{{- $referenceSelectors := $values.nodeSelector | default dict }}
+{{- $tolerations := list }}
+{{- $nodeSelector := dict }}
+{{- range concat .sources (list $values.global "global") }}
+{{- if kindIs "string" . }}
+{{- $tolerations = $tolerations | default (get $referenceTolerations .) }}
+{{- $nodeSelector = $nodeSelector | default (get $referenceSelectors .) }}
+{{- else }}
+{{- $tolerations = $tolerations | default (.tolerations) }}
+{{- $nodeSelector = $nodeSelector | default (.nodeSelector) }}
+{{- end }}
+{{- end }}
 {{- with $tolerations }}
 tolerations:
 {{- toYaml . | nindent 2 }}
@@ -241,24 +281,28 @@ tolerations:
 nodeSelector:
 {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+
+{{/* The webhook's placement (its own, then the manager's) and pull secrets. */}}
+{{- define "lumigo-operator.webhookScheduling" -}}
+{{- include "lumigo-operator.placement" (dict "root" . "sources" (list .Values.injectorWebhook .Values.controllerManager "controllerManager")) }}
 {{- with include "lumigo-operator.imagePullSecrets" . }}
 {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* Tolerations / nodeSelector of the manager, falling back to global. */}}
+{{/* The manager's placement and pull secrets. */}}
 {{- define "lumigo-operator.scheduling" -}}
-{{- $tolerations := .Values.controllerManager.tolerations | default .Values.global.tolerations }}
-{{- $nodeSelector := .Values.controllerManager.nodeSelector | default .Values.global.nodeSelector }}
-{{- with $tolerations }}
-tolerations:
-{{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with $nodeSelector }}
-nodeSelector:
-{{- toYaml . | nindent 2 }}
-{{- end }}
+{{- include "lumigo-operator.placement" (dict "root" . "sources" (list .Values.controllerManager "controllerManager")) }}
 {{- with include "lumigo-operator.imagePullSecrets" . }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/* A hook Job's placement (the reference's `installHook` or `uninstallHook`, then the manager's) and pull secrets. Arguments: root, hook. */}}
+{{- define "lumigo-operator.hookScheduling" -}}
+{{- include "lumigo-operator.placement" (dict "root" .root "sources" (list .hook .root.Values.controllerManager "controllerManager")) }}
+{{- with include "lumigo-operator.imagePullSecrets" .root }}
 {{ . }}
 {{- end }}
 {{- end }}
@@ -276,4 +320,42 @@ matchConditions:
   expression: "request.userInfo.username != 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "lumigo-operator.serviceAccountName" . }}'"
 - name: not-a-deployments-replicaset
   expression: "!(request.kind.kind == 'ReplicaSet' && has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.kind == 'Deployment' && r.apiVersion == 'apps/v1'))"
+{{- end }}
+
+{{- /* "set" when the dotted `path` holds a value (not null) in .root.Values. */ -}}
+{{- define "lumigo-operator.isSet" -}}
+{{- $value := .root.Values }}
+{{- $found := true }}
+{{- range splitList "." .path }}
+{{- if and $found (kindIs "map" $value) (hasKey $value .) }}
+{{- $value = index $value . }}
+{{- else }}
+{{- $found = false }}
+{{- end }}
+{{- end }}
+{{- if and $found (not (kindIs "invalid" $value)) }}set{{ end }}
+{{- end }}
+
+{{- /*
+The reference chart's values this chart accepts (a Lumigo user's values file works unchanged,
+docs/operations.md) but does not use, with why; NOTES.txt names those a release sets. Every
+other key of the reference chart has the same meaning here.
+*/ -}}
+{{- define "lumigo-operator.ignoredReferenceValues" -}}
+output.color: this chart's notes have no colours
+output.showOperatorStatus: these notes do not query the operator; see `kubectl get lumigoes -A` and the operator's pods
+watchdog.image: the watchdog runs this chart's operator image (controllerManager.manager.image)
+telemetryProxy.logs.batchProcessor: the proxy always batches each tenant's logs in its exporter
+controllerManager.kubeRbacProxy: there is no kube-rbac-proxy; the manager itself serves /metrics over HTTPS to authorised tokens (metrics.secure)
+controllerManager.telemetryProxy: the reference chart's older place of telemetryProxy; set telemetryProxy instead
+controllerManager.namespaceFileServer: there is no namespace file server
+controllerManager.initContainer: the hook Jobs run this chart's operator image
+logFileCollector: the cluster agent (clusterCollection.logs) reads the log files, with the telemetry proxy's image
+injectorWebhookService: this chart's webhook Service has fixed ports and type ClusterIP
+metricsService: this chart's metrics Service has fixed ports and type ClusterIP
+kubernetesClusterDomain: Services are named by their <name>.<namespace>.svc names, which need no cluster domain
+targetAllocator: there is no target allocator; each node's agent scrapes the kube-state-metrics shards on its own node
+tolerations.targetAllocator: there is no target allocator
+nodeSelector.targetAllocator: there is no target allocator
+kube-state-metrics: this chart's own kube-state-metrics is configured with kubeStateMetrics
 {{- end }}
