@@ -32,6 +32,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: lumigo-operator
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Selector of the manager pods (never changes across upgrades). */}}
@@ -235,6 +238,23 @@ seccompProfile:
 {{- end }}
 
 {{/* Linux nodes of the architectures the images are built for. */}}
+{{- /*
+A pod's affinity: the first `affinity` of `sources` that is set, which replaces the chart's
+(Linux nodes, amd64 or arm64), else the chart's. Arguments: root, sources.
+*/ -}}
+{{- define "lumigo-operator.affinity" -}}
+{{- $affinity := dict }}
+{{- range .sources }}
+{{- $affinity = $affinity | default .affinity }}
+{{- end }}
+affinity:
+{{- if $affinity }}
+{{- toYaml $affinity | nindent 2 }}
+{{- else }}
+{{- include "lumigo-operator.nodeAffinity" .root | nindent 2 }}
+{{- end }}
+{{- end }}
+
 {{- define "lumigo-operator.nodeAffinity" -}}
 nodeAffinity:
   requiredDuringSchedulingIgnoredDuringExecution:
