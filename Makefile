@@ -39,6 +39,10 @@ manifests: venv ## Regenerate the CRD (and its copies) from the api/ schemas
 bundle: manifests ## Regenerate the OLM bundle (bundle/, bundle.Dockerfile) from config/
 	$(PY) hack/gen-bundle
 
+.PHONY: chart-readme
+chart-readme: venv ## Regenerate charts/lumigo-operator/README.md from the chart's values.yaml
+	$(PY) hack/gen-chart-readme
+
 .PHONY: catalog
 catalog: bundle ## Regenerate the file-based OLM catalog (catalog/, catalog.Dockerfile) from bundle/
 	$(PYTHON) hack/install-tools helm-olm
