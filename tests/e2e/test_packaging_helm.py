@@ -363,6 +363,7 @@ def test_uninstall_hook_and_its_rbac_are_pre_delete_hooks() -> None:
     }
     for hook in hooks.values():
         assert hook["helm.sh/hook"] == "pre-delete"
+        assert hook["argocd.argoproj.io/hook"] == "PreDelete"  # Argo CD runs it too
         assert hook["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
     job_weight = int(hooks[("Job", name)]["helm.sh/hook-weight"])
     for key, hook in hooks.items():
