@@ -41,6 +41,7 @@ from controller.telemetry.config import ProxySettings
 from controller.telemetry.proxy_reconciler import ProxyTarget
 from controller.telemetry.redaction import InvalidRedactionError, Redaction, parse_patterns
 from kube.objects import json_list
+from webhook.pod_injection import InitContainerResources
 
 T = TypeVar("T")
 
@@ -266,6 +267,15 @@ class RunOptions:
         "node); auto: image-volume when the API server and every node support it",
         env="LUMIGO_INJECTION_MODE",
         choices=(constants.INJECTION_MODE_AUTO, *constants.INJECTION_MODES),
+    )
+    init_resources: InitContainerResources = option(
+        InitContainerResources(),
+        INJECTION,
+        "the lumigo-injector init container's resources, e.g. "
+        "requests.cpu=50m,requests.memory=64Mi,limits.cpu=500m,limits.memory=128Mi (any of the "
+        "four; the others keep their defaults)",
+        env="LUMIGO_INIT_RESOURCES",
+        parse=InitContainerResources.parse,
     )
     injection_mode_configmap: str = option(
         "",

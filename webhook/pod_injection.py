@@ -145,6 +145,28 @@ class InitContainerResources:
                     f"init container {resource} request {request} exceeds its limit {limit}"
                 )
 
+    @classmethod
+    def parse(cls, text: str) -> InitContainerResources:
+        """`requests.cpu=50m,limits.memory=256Mi`: any of the four, the others keep their
+        defaults (the `--init-resources` flag, LUMIGO_INIT_RESOURCES)."""
+        values: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            field_name = key.strip().replace(".", "_")
+            if not sep or field_name not in _INIT_RESOURCE_FIELDS:
+                raise ValueError(
+                    f"init container resources: {item!r} is not one of "
+                    "requests.cpu=, requests.memory=, limits.cpu=, limits.memory="
+                )
+            values[field_name] = value.strip()
+        return cls(**values)
+
+    def __str__(self) -> str:
+        return ",".join(
+            f"{f.name.replace('_', '.', 1)}={getattr(self, f.name)}"
+            for f in dataclasses.fields(self)
+        )
+
     def as_dict(self, guaranteed: bool) -> dict[str, dict[str, str]]:
         limits = {"cpu": self.limits_cpu, "memory": self.limits_memory}
         if guaranteed:
@@ -153,6 +175,9 @@ class InitContainerResources:
             "limits": limits,
             "requests": {"cpu": self.requests_cpu, "memory": self.requests_memory},
         }
+
+
+_INIT_RESOURCE_FIELDS = frozenset(f.name for f in dataclasses.fields(InitContainerResources))
 
 
 @dataclass(frozen=True)

@@ -379,3 +379,19 @@ tolerations.targetAllocator: there is no target allocator
 nodeSelector.targetAllocator: there is no target allocator
 kube-state-metrics: this chart's own kube-state-metrics is configured with kubeStateMetrics
 {{- end }}
+
+{{- /* The init container's resources as --init-resources takes them (LUMIGO_INIT_RESOURCES). */ -}}
+{{- define "lumigo-operator.initResources" -}}
+{{- $resources := .Values.injectorWebhook.lumigoInjector.resources | default dict }}
+{{- $items := list }}
+{{- range $kind := list "requests" "limits" }}
+{{- range $name := list "cpu" "memory" }}
+{{- with (get ($resources | default dict) $kind | default dict) }}
+{{- with get . $name }}
+{{- $items = append $items (printf "%s.%s=%v" $kind $name .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- join "," $items }}
+{{- end }}
