@@ -49,9 +49,10 @@ def in_our_values(path: str) -> bool:
 
 
 def notes_of(cluster: LocalCluster, values: Path, namespace: str) -> str:
-    # Without the CRD: the session's cluster may hold one another test installed without Helm.
+    # Even a client dry run checks cluster-scoped objects: a release name of its own (other
+    # tests' releases may still hold theirs) and no CRD (another test may have created it).
     out = helm(
-        "install", "lumigo", str(CHART), "--namespace", namespace, "--dry-run=client",
+        "install", "reference-values", str(CHART), "--namespace", namespace, "--dry-run=client",
         "--values", str(values), "--set", "crds.install=false", cluster=cluster,
     ).stdout  # fmt: skip
     return " ".join(out.split("NOTES:", 1)[1].split())
