@@ -115,17 +115,18 @@ class InitContainerResources:
 
     The reference sets none, which breaks in namespaces whose ResourceQuota requires limits and
     lets a LimitRange default apply (sometimes whole CPUs). Defaults: the container only copies
-    the tracer payload into the emptyDir, so 10m CPU / 32Mi memory is requested (it never raises
-    a pod's effective request, the max over init containers); the limits leave headroom for the
-    page cache of the copy, which OOM-killed other vendors' copy containers at 32-64Mi
-    (OpenTelemetry operator #3479, Datadog's move to 128Mi), while 500m/128Mi stays below what
-    quotas and LimitRanges usually cap. When every other container of the pod is Guaranteed, the
-    limits are used as requests too, so the pod keeps its Guaranteed QoS class.
+    the tracer payload into the emptyDir, so 50m CPU / 64Mi memory is requested; the limits leave
+    headroom for the page cache of the copy, which OOM-killed other vendors' copy containers at
+    32-64Mi (OpenTelemetry operator #3479, Datadog's move to 128Mi). 200m/128Mi keeps the
+    limit/request ratios at 4 (CPU) and 2 (memory), which common LimitRanges'
+    `maxLimitRequestRatio` allow (the earlier 10m/500m, a ratio of 50, was refused by them). When
+    every other container of the pod is Guaranteed, the limits are used as requests too, so the
+    pod keeps its Guaranteed QoS class.
     """
 
-    requests_cpu: str = "10m"
-    requests_memory: str = "32Mi"
-    limits_cpu: str = "500m"
+    requests_cpu: str = "50m"
+    requests_memory: str = "64Mi"
+    limits_cpu: str = "200m"
     limits_memory: str = "128Mi"
 
     def __post_init__(self) -> None:

@@ -3,7 +3,8 @@
 After the controller instruments an existing Deployment, StatefulSet or DaemonSet that was healthy,
 it watches the pods of the revision its change produced for `window` seconds, whenever the
 workload is not fully available. If they crash-loop, fail their `lumigo-injector` init container
-or never become ready (`workload_health.Thresholds`), the workload goes back to its
+or never become ready (`workload_health.Thresholds`), or the API server refuses to create them
+(`FailedCreate`: a quota, a LimitRange, Pod Security), the workload goes back to its
 un-instrumented pod template in one conflict-safe write that also marks it
 (`operator.lumigo.io/instrumentation-reverted`, saying what was observed): neither the webhook
 nor the controller instruments it again until a user removes the mark. A Warning event, the
@@ -11,8 +12,9 @@ Lumigo's `status.revertedResources` and `lumigo_instrumentation_reverts_total` t
 
 Never reverted: a workload that was not healthy before (`healthy-before-instrumentation: false`),
 and a workload changed by someone else since (its generation is no longer the one our change
-produced: the new pods are theirs). Pods are listed by the workload's selector, only while it is
-watched: the operator never caches the cluster's pods.
+produced: the new pods are theirs). Pods are listed by the workload's selector, and a StatefulSet's
+or DaemonSet's `FailedCreate` events by its UID, only while it is watched: the operator never
+caches the cluster's pods or events. A Deployment says it in its `ReplicaFailure` condition.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from controller.lumigo.rollouts import (
 from controller.runtime.kube import KubeClient
 from controller.runtime.selectors import selector_string
 from kube import objects
-from kube.kinds import PODS
+from kube.kinds import EVENTS, PODS
 from kube.objects import JSON
 from kube.rest import ApiError
 from webhook import injection_events, pod_injection
@@ -81,6 +83,23 @@ class PodReader:
     def healthy(self, obj: Mapping[str, Any], thresholds: workload_health.Thresholds) -> bool:
         return workload_health.is_healthy(self.pods_of(obj), thresholds)
 
+    def refusal(self, obj: Mapping[str, Any]) -> str | None:
+        """Why the API server would not create the workload's new pods, if it would not."""
+        if obj.get("kind") == "Deployment":
+            return workload_health.replica_failure(obj)
+        meta = objects.metadata(obj)
+        since = instrumented_at(obj)
+        if since is None or not meta.get("uid"):
+            return None
+        events, _ = self.client.list(
+            EVENTS,
+            meta.get("namespace", ""),
+            field_selector=f"involvedObject.uid={meta['uid']},reason={workload_health.FAILED_CREATE}",
+        )
+        return workload_health.failed_create(
+            str(obj.get("kind")), meta.get("name", "?"), events, since
+        )
+
 
 @dataclass
 class Reverter:
@@ -114,9 +133,10 @@ class Reverter:
             obj = self.client.get(target.resource, target.name, target.namespace)
             if not (is_our_revision(obj) and is_labelled_instrumented(obj)):
                 return None
+            reader = PodReader(self.client)
             problem = workload_health.new_pods_problem(
-                PodReader(self.client).pods_of(obj), self.thresholds, self.clock()
-            )
+                reader.pods_of(obj), self.thresholds, self.clock()
+            ) or reader.refusal(obj)
         except ApiError as err:
             if err.not_found:
                 return None

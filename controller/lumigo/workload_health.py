@@ -2,7 +2,10 @@
 
 Used twice: just before the controller instruments a workload (only a workload that was healthy
 then is ever reverted), and while watching the pods of the revision it produced (do they
-crash-loop, fail their `lumigo-injector` init container, or never become ready?).
+crash-loop, fail their `lumigo-injector` init container, or never become ready?), and while
+watching the workload itself: its pods may never exist, because the API server refuses them
+(a ResourceQuota, a LimitRange, Pod Security, an OpenShift SCC) and only the ReplicaSet's, the
+StatefulSet's or the DaemonSet's controller hears why (`FailedCreate`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from api import constants
 from api.marks import parse_time
 from kube import objects
+
+FAILED_CREATE: Final = "FailedCreate"
+REPLICA_FAILURE: Final = "ReplicaFailure"
+MESSAGE_LIMIT: Final = 400  # characters of a refusal kept (annotation, event, status)
 
 
 @dataclass(frozen=True)
@@ -116,3 +123,52 @@ def is_healthy(pods: Iterable[Mapping[str, Any]], thresholds: Thresholds) -> boo
             if (container.get("state") or {}).get("waiting"):
                 return False
     return True
+
+
+def _refusal(kind: str, name: str, message: str) -> str:
+    text = " ".join(message.split())
+    if len(text) > MESSAGE_LIMIT:
+        text = text[: MESSAGE_LIMIT - 1] + "…"
+    return f"the API server refused the new pods of {kind} {name}: {text}"
+
+
+def replica_failure(deployment: Mapping[str, Any]) -> str | None:
+    """A Deployment's `ReplicaFailure` condition, which its controller copies from the ReplicaSet
+    that could not create a pod: the refusal in the API server's words."""
+    meta = objects.metadata(deployment)
+    for condition in (deployment.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == REPLICA_FAILURE and condition.get("status") == "True":
+            message = condition.get("message") or condition.get("reason") or FAILED_CREATE
+            return _refusal("Deployment", meta.get("name", "?"), str(message))
+    return None
+
+
+def _event_time(event: Mapping[str, Any]) -> dt.datetime | None:
+    """When an event last happened: core/v1 `lastTimestamp`, or the events.k8s.io fields a
+    newer recorder fills instead."""
+    series = event.get("series") or {}
+    for value in (
+        event.get("lastTimestamp"),
+        series.get("lastObservedTime"),
+        event.get("eventTime"),
+        event.get("firstTimestamp"),
+    ):
+        when = parse_time(value)
+        if when is not None:
+            return when
+    return None
+
+
+def failed_create(
+    kind: str, name: str, events: Iterable[Mapping[str, Any]], since: dt.datetime
+) -> str | None:
+    """The newest `FailedCreate` event of a StatefulSet or DaemonSet since we instrumented it
+    (older refusals are not ours)."""
+    newest: tuple[dt.datetime, str] | None = None
+    for event in events:
+        when = _event_time(event)
+        if event.get("reason") != FAILED_CREATE or when is None or when < since:
+            continue
+        if newest is None or when > newest[0]:
+            newest = (when, str(event.get("message") or FAILED_CREATE))
+    return None if newest is None else _refusal(kind, name, newest[1])

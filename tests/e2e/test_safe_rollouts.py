@@ -1,6 +1,7 @@
 """Safe rollouts (issue 16, item 2): the rollout budget, on a cluster whose controller-manager rolls
-Deployments for real (kwok runs the pods). The crash-loop revert needs real containers: it is
-tested on the real node (tests/node/test_safe_rollouts.py).
+Deployments for real (kwok runs the pods), and the revert of a workload whose new pods the API
+server refuses (a ResourceQuota, a LimitRange: issue 34, item 4). The crash-loop revert needs real
+containers: it is tested on the real node (tests/node/test_safe_rollouts.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from controller.runtime.kube import KubeClient
 from envtest.cluster import LocalCluster
 from envtest.operator import OperatorProcess
 from envtest.process import wait_until
-from kube.kinds import DEPLOYMENTS
-from kube.rest import ApiError
-from tests.support.checks import TOKEN, condition, is_active, lumigo_yaml, status
+from kube.kinds import DAEMONSETS, DEPLOYMENTS, STATEFULSETS
+from kube.rest import ApiError, Resource
+from tests.support.checks import TOKEN, condition, has_event, is_active, lumigo_yaml, status
 from tests.support.lumigo import create_token_secret
 from tests.support.workloads import workload
 
@@ -176,3 +177,110 @@ def test_a_bad_budget_is_refused_with_what_to_fix(
         )
         assert "maxConcurrentRollouts" in out, out
         assert "lumigo.operator.lumigo.io/lumigo created" not in out, out
+
+
+# --- pods the API server refuses ------------------------------------------------------------------
+
+ONE_CPU_TENTH = {"requests": {"cpu": "100m"}, "limits": {"cpu": "100m"}}
+
+
+def running(kube: KubeClient, ns: str, resource: Resource, name: str) -> JSON:
+    """A one-pod workload whose app container asks for 100m CPU (request = limit), available."""
+    body = workload(resource, name)
+    body["spec"]["template"]["spec"]["containers"] = [
+        {"name": "app", "image": "python:3.12-slim", "resources": ONE_CPU_TENTH}
+    ]
+    if resource is not DAEMONSETS:
+        body["spec"]["replicas"] = 1
+    kube.create(resource, body, ns)
+
+    def available() -> bool:
+        st = kube.get(resource, name, ns).get("status") or {}
+        return bool(st.get("availableReplicas") or st.get("numberAvailable"))
+
+    wait_until(available, 120, f"{resource.kind} {name} available")
+    return kube.get(resource, name, ns)
+
+
+def reverted(kube: KubeClient, ns: str, resource: Resource, name: str) -> str:
+    """Wait for the revert mark; the template is un-instrumented, the reason is returned."""
+
+    def marked() -> bool:
+        annotations = kube.get(resource, name, ns)["metadata"].get("annotations") or {}
+        return constants.ANNOTATION_REVERTED in annotations
+
+    wait_until(marked, 120, f"{resource.kind} {name} reverted")
+    obj = kube.get(resource, name, ns)
+    assert not has_injection(obj), obj["spec"]["template"]
+    return str(obj["metadata"]["annotations"][constants.ANNOTATION_REVERTED])
+
+
+def test_a_limit_range_that_refuses_the_instrumented_pods_reverts_each_kind_with_its_reason(
+    operator: OperatorProcess, full_cluster: LocalCluster, kube: KubeClient
+) -> None:
+    """The init container's CPU limit/request ratio (4 by default) is over this LimitRange's 2:
+    the ReplicaSet, the StatefulSet and the DaemonSet each fail to create their new pod. The
+    controller hears it from the Deployment's ReplicaFailure condition and from the other two's
+    FailedCreate events, and puts the old template back."""
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    kinds = {DEPLOYMENTS: "web", STATEFULSETS: "db", DAEMONSETS: "agent"}
+    for resource, name in kinds.items():
+        running(kube, ns, resource, name)
+    ratio = {"type": "Container", "maxLimitRequestRatio": {"cpu": "2"}}
+    limit_range = {"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "ratio"},
+                   "spec": {"limits": [ratio]}}  # fmt: skip
+    full_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(limit_range))
+    full_cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    refusal = "cpu max limit to request ratio per Container is 2"
+    for resource, name in kinds.items():
+        reason = reverted(kube, ns, resource, name)
+        assert reason.startswith(f"the API server refused the new pods of {resource.kind} {name}: ")
+        assert refusal in reason, reason
+        wait_until(
+            lambda n=name: has_event(kube, ns, n, constants.REASON_REVERTED, refusal),  # type: ignore[misc]
+            30,
+            f"the revert event of {name}",
+        )
+    wait_until(lambda: len(status(kube, ns).get("revertedResources") or []) == 3, 60, "3 listed")
+    listed = {r["name"]: r["reason"] for r in status(kube, ns)["revertedResources"]}
+    assert all(refusal in listed[name] for name in kinds.values()), listed
+    # Back to the un-instrumented pods, which the LimitRange lets through.
+    wait_until(lambda: running_again(kube, ns, kinds), 120, "every workload available again")
+
+
+def running_again(kube: KubeClient, ns: str, kinds: dict[Resource, str]) -> bool:
+    for resource, name in kinds.items():
+        st = kube.get(resource, name, ns).get("status") or {}
+        if not (st.get("availableReplicas") or st.get("numberAvailable")):
+            return False
+    return True
+
+
+def test_a_quota_the_instrumented_pods_exceed_reverts_with_the_quota_in_the_reason(
+    operator: OperatorProcess, full_cluster: LocalCluster, kube: KubeClient
+) -> None:
+    """Room for the running pod and an un-instrumented surge pod (2 x 100m), not for an
+    instrumented one, whose init container's 200m limit is the pod's CPU limit."""
+    ns = operator.new_namespace()
+    create_token_secret(kube, ns, TOKEN)
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu"},
+             "spec": {"hard": {"limits.cpu": "250m"}}}  # fmt: skip
+    full_cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(quota))
+    running(kube, ns, DEPLOYMENTS, "web")
+    full_cluster.kubectl("apply", "-n", ns, "-f", "-", input=lumigo_yaml())
+    reason = reverted(kube, ns, DEPLOYMENTS, "web")
+    assert "exceeded quota: cpu" in reason, reason
+    assert "limited: limits.cpu=250m" in reason, reason
+    # An ordinary rollout still fits the quota: the refusal was the instrumentation's.
+    kube.merge_patch(
+        DEPLOYMENTS, "web", {"spec": {"template": {"metadata": {"annotations": {"x": "1"}}}}}, ns
+    )
+
+    def rolled_out_plain() -> bool:
+        obj = kube.get(DEPLOYMENTS, "web", ns)
+        st = obj.get("status") or {}
+        done = st.get("observedGeneration") == obj["metadata"]["generation"]
+        return done and st.get("updatedReplicas") == 1 and not has_injection(obj)
+
+    wait_until(rolled_out_plain, 120, "an un-instrumented rollout within the quota")

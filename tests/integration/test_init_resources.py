@@ -1,7 +1,8 @@
 """The lumigo-injector init container's resources are configurable (--init-resources,
 LUMIGO_INIT_RESOURCES, the chart's injectorWebhook.lumigoInjector.resources), so an instrumented
-pod passes a namespace's LimitRange: the real API server's LimitRanger refuses the defaults under
-a CPU limit/request ratio of 4 and admits the configured resources (issue 34, item 4)."""
+pod passes a namespace's LimitRange: the real API server's LimitRanger admits the defaults under
+common ratios (4 for CPU, 2 for memory), refuses them under a CPU ratio of 2 and admits the
+configured resources there (issue 34, item 4)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ from envtest.cluster import KubectlError, LocalCluster
 from tests.support.packaging import CHART, helm, load_docs
 from webhook.pod_injection import InitContainerResources, InjectionSettings, inject
 
-LIMIT_RANGE = {
-    "apiVersion": "v1",
-    "kind": "LimitRange",
-    "metadata": {"name": "ratio"},
-    "spec": {"limits": [{"type": "Container", "maxLimitRequestRatio": {"cpu": "4"}}]},
-}
+
+def limit_range(cpu: str, memory: str) -> str:
+    ratio = {"type": "Container", "maxLimitRequestRatio": {"cpu": cpu, "memory": memory}}
+    return json.dumps({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "ratio"},
+                       "spec": {"limits": [ratio]}})  # fmt: skip
 
 
 def options(*args: str) -> RunOptions:
@@ -32,7 +32,8 @@ def options(*args: str) -> RunOptions:
 def pod(settings: InjectionSettings, name: str) -> dict[str, Any]:
     """The pod an instrumented Deployment's ReplicaSet would create."""
     app = {"name": "app", "image": "python:3.12",
-           "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}}}  # fmt: skip
+           "resources": {"requests": {"cpu": "100m", "memory": "64Mi"},
+                         "limits": {"cpu": "200m", "memory": "128Mi"}}}  # fmt: skip
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -68,23 +69,24 @@ def test_the_flag_and_the_env_reach_the_injected_init_container(
     opts = options()
     init = pod(injection_settings(opts), "p")["spec"]["initContainers"][0]
     assert init["resources"] == {
-        "requests": {"cpu": "125m", "memory": "32Mi"},
-        "limits": {"cpu": "500m", "memory": "256Mi"},
+        "requests": {"cpu": "125m", "memory": "64Mi"},
+        "limits": {"cpu": "200m", "memory": "256Mi"},
     }
     flagged = options("--init-resources=limits.cpu=250m")
     assert flagged.init_resources.limits_cpu == "250m"
 
 
-def test_a_limit_range_refuses_the_defaults_and_admits_the_configured_resources(
+def test_common_limit_ranges_admit_the_defaults_and_a_stricter_one_the_configured_resources(
     cluster: LocalCluster, namespace: str
 ) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(LIMIT_RANGE))
-    refused = pod(InjectionSettings(), "defaults")
-    with pytest.raises(KubectlError, match="cpu max limit to request ratio per Container is 4"):
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range("4", "2"))
+    common = pod(InjectionSettings(), "defaults")
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(common))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range("2", "2"))
+    refused = pod(InjectionSettings(), "refused")
+    with pytest.raises(KubectlError, match="cpu max limit to request ratio per Container is 2"):
         cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(refused))
-    configured = InitContainerResources.parse(
-        "requests.cpu=125m,requests.memory=32Mi,limits.memory=128Mi"
-    )
+    configured = InitContainerResources.parse("requests.cpu=100m")
     admitted = pod(InjectionSettings(init_resources=configured), "configured")
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(admitted))
 

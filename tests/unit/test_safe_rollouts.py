@@ -228,3 +228,63 @@ def test_a_pod_with_the_autotrace_image_volume_counts_as_instrumented() -> None:
     assert workload_health.new_pods_problem([crashing], THRESHOLDS, NOW) is not None
     crashing["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
     assert workload_health.new_pods_problem([crashing], THRESHOLDS, NOW) is None
+
+
+# --- pods the API server refuses (FailedCreate) ---------------------------------------------------
+
+QUOTA = (
+    'pods "web-7c9-x2" is forbidden: exceeded quota: q, requested: limits.cpu=200m,'
+    " used: limits.cpu=100m, limited: limits.cpu=250m"
+)
+
+
+def test_a_deployments_replica_failure_is_the_api_servers_refusal() -> None:
+    failing = deployment(generation=2)
+    failing["status"]["conditions"] = [
+        {"type": "Available", "status": "True", "message": "fine"},
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA},
+    ]
+    assert workload_health.replica_failure(failing) == (
+        f"the API server refused the new pods of Deployment web: {QUOTA}"
+    )
+    failing["status"]["conditions"][1]["status"] = "False"
+    assert workload_health.replica_failure(failing) is None
+    assert workload_health.replica_failure(deployment()) is None
+
+
+def event(reason: str, at: dt.datetime, message: str = QUOTA, field: str = "lastTimestamp") -> JSON:
+    stamp = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if field == "series":
+        return {"reason": reason, "message": message, "series": {"lastObservedTime": stamp}}
+    return {"reason": reason, "message": message, field: stamp}
+
+
+def test_only_failed_create_events_since_we_instrumented_count_and_the_newest_wins() -> None:
+    before, after = NOW - dt.timedelta(seconds=5), NOW + dt.timedelta(seconds=5)
+    newest = "create Pod web-0 in StatefulSet web failed error: LimitRange says no"
+
+    def problem(*events: JSON) -> str | None:
+        return workload_health.failed_create("StatefulSet", "web", events, NOW)
+
+    assert problem(event("FailedCreate", before)) is None  # not ours: before our change
+    assert problem(event("SuccessfulCreate", after)) is None
+    assert problem(event("FailedCreate", after, field="nothing")) is None  # no time: not counted
+    found = problem(
+        event("FailedCreate", NOW),
+        event("FailedCreate", after, newest, field="series"),
+        event("FailedCreate", after - dt.timedelta(seconds=1), field="eventTime"),
+    )
+    assert found == f"the API server refused the new pods of StatefulSet web: {newest}"
+
+
+def test_a_long_or_multi_line_refusal_is_bounded_to_one_line() -> None:
+    long = "forbidden:\n" + "x" * 5000
+    found = workload_health.failed_create(
+        "DaemonSet", "agent", [event("FailedCreate", NOW, long)], NOW
+    )
+    assert found is not None
+    assert "\n" not in found
+    message = found.split(": ", 1)[1]
+    assert len(message) == workload_health.MESSAGE_LIMIT
+    assert message.startswith("forbidden: xxx")
+    assert message.endswith("…")
