@@ -1,5 +1,5 @@
 """The `lumigo-operator` command: `run`, `webhook`, `uninstall`, `wait-for-webhook`, `quickstart`,
-`watchdog`, `version`.
+`check`, `watchdog`, `version`.
 
 Errors exit non-zero with one line that says what went wrong (no stack trace for expected
 failures such as an unreachable API server or a missing kubeconfig).
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from api import __version__, constants
 from controller.flag_table import add_flags
 from controller.options import (
+    CheckOptions,
     QuickstartOptions,
     RunOptions,
     UninstallOptions,
@@ -53,6 +54,11 @@ SUBCOMMANDS: tuple[tuple[str, type[object], str], ...] = (
         QuickstartOptions,
         "create or update the `lumigo` Lumigo of each monitoredNamespaces entry (Helm "
         "post-install/post-upgrade hook); a Lumigo the release did not create is left alone",
+    ),
+    (
+        "check",
+        CheckOptions,
+        "check that the webhook and the telemetry proxy answer (the chart's `helm test`)",
     ),
     (
         "watchdog",
@@ -96,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _wait_for_webhook(args)
         if args.command == "quickstart":
             return _quickstart(args)
+        if args.command == "check":
+            return _check(args)
         if args.command == "watchdog":
             from controller.telemetry.watchdog_cli import run_watchdog  # noqa: PLC0415
 
@@ -119,6 +127,35 @@ def _wait_for_webhook(args: argparse.Namespace) -> int:
         f"(after {took:.1f} s)"
     )
     return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from controller.lumigo import install_check  # noqa: PLC0415
+    from controller.lumigo.defaulter_probe import wait_until_admitted  # noqa: PLC0415
+    from controller.runtime.kube import KubeClient  # noqa: PLC0415
+
+    client = KubeClient.from_env(args.kubeconfig, user_agent=constants.USER_AGENT)
+
+    def webhook() -> str:
+        try:
+            took = wait_until_admitted(client, args.namespace, args.timeout)
+        except ApiError as err:
+            raise ValueError(err.message) from None
+        return f"the API server reaches the webhook (a dry-run Lumigo admitted in {took:.1f} s)"
+
+    report = install_check.run(
+        {
+            "webhook": webhook,
+            "telemetry proxy": lambda: install_check.proxy_refuses_the_unauthenticated(
+                args.proxy_url, args.timeout
+            ),
+        }
+    )
+    for passed in report.passed:
+        print(f"lumigo-operator check: ok: {passed}")
+    for failed in report.failed:
+        print(f"lumigo-operator check: failed: {failed}", file=sys.stderr)
+    return 1 if report.failed else 0
 
 
 def _quickstart(args: argparse.Namespace) -> int:

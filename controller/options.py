@@ -556,6 +556,21 @@ class WaitOptions:
 
 
 @dataclass
+class CheckOptions:
+    """`lumigo-operator check` (the chart's `helm test`)."""
+
+    namespace: str = option(
+        "", HOOKS, "the operator's namespace (a dry-run Lumigo goes there)", required=True
+    )
+    proxy_url: str = option(
+        "", HOOKS, "the telemetry proxy's Service URL, as instrumented pods use it", required=True
+    )
+    kubeconfig: str | None = option(None, PROCESS, parse=str)
+    timeout: float = option(60.0, HOOKS, "how long each check may wait for an answer")
+    log_level: str = option("info", PROCESS)
+
+
+@dataclass
 class QuickstartOptions:
     """`lumigo-operator quickstart` (the Helm post-install/post-upgrade hook)."""
 

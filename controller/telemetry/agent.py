@@ -318,6 +318,7 @@ def agent_daemonset(
     for key in ("imagePullSecrets", "tolerations", "affinity", "priorityClassName"):
         if pod.get(key):
             pod_spec[key] = pod[key]
+    _copy_egress(pod, collector, pod_spec)
     pod_spec.update({k: v for k, v in agent_scheduling(proxy).items() if v})
     return {
         "apiVersion": "apps/v1",
@@ -340,6 +341,33 @@ def agent_daemonset(
             },
         },
     }
+
+
+EGRESS_ENV = ("HTTPS_PROXY", "NO_PROXY", "SSL_CERT_DIR")
+EGRESS_CA_VOLUME = "egress-ca"
+
+
+def _copy_egress(proxy_pod: JSON, collector: JSON, agent_pod: JSON) -> None:
+    """The proxy's egress settings (the chart's `egress`: forward proxy, NO_PROXY, extra CAs)
+    on the agent's collector, which exports upstream too. Its NO_PROXY also gets the node's IP:
+    the agent scrapes that node's kubelet over HTTPS, which must never go through the proxy."""
+    agent = agent_pod["containers"][0]
+    for var in collector.get("env") or []:
+        if var.get("name") not in EGRESS_ENV:
+            continue
+        copied = dict(var)
+        if copied["name"] == "NO_PROXY" and "value" in copied:
+            copied["value"] = f"{copied['value']},$({NODE_IP_ENV})"
+        agent["env"].append(copied)
+    mount = next(
+        (m for m in collector.get("volumeMounts") or [] if m.get("name") == EGRESS_CA_VOLUME), None
+    )
+    volume = next(
+        (v for v in proxy_pod.get("volumes") or [] if v.get("name") == EGRESS_CA_VOLUME), None
+    )
+    if mount is not None and volume is not None:
+        agent["volumeMounts"].append(dict(mount))
+        agent_pod["volumes"].append(dict(volume))
 
 
 def node_exporter(image: str, pull_policy: str) -> JSON:

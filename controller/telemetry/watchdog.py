@@ -54,6 +54,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.runtime.kube import KubeClient
+from controller.runtime.trust import upstream_context
 from controller.telemetry.config import TOP_LEVEL_KINDS
 from controller.telemetry.proxy_reconciler import namespace_uid
 from controller.telemetry.top import TopReader, otlp_metrics
@@ -444,12 +445,17 @@ def post_otlp(url: str, payload: JSON, token: str) -> None:
         method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"LumigoToken {token}"},
     )
-    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+    # Through egress.httpsProxy (HTTPS_PROXY) when set, trusting egress.caBundle too.
+    with urllib.request.urlopen(request, timeout=10, context=upstream_context()) as response:  # noqa: S310
         response.read()
 
 
 def _read(request: urllib.request.Request, context: ssl.SSLContext | None) -> str:
-    with urllib.request.urlopen(request, timeout=3, context=context) as response:  # noqa: S310
+    """An in-cluster read: never through the egress proxy (a pod IP is in no NO_PROXY)."""
+    direct = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
+    )
+    with direct.open(request, timeout=3) as response:
         return str(response.read().decode("utf-8", "replace"))
 
 

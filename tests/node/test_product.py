@@ -190,6 +190,18 @@ def test_helm_install_runs_the_built_operator_and_proxy_and_the_api_server_calls
     assert started[0]["workers"] == 1
     assert any(r.get("msg") == "admission worker starting" for r in records)
 
+    # `helm test`: the chart's check Pod finds the webhook reachable through the API server and
+    # the proxy refusing an export without a token (controller/lumigo/install_check.py; the
+    # verdicts themselves are tested in tests/unit/test_install_check.py). It is deleted once it
+    # passed (so no --logs: Helm would look for it after that, helm/helm#9098).
+    out = product.release.helm("test", product.release.name, "--timeout", "180s").stdout
+    assert f"TEST SUITE:     {fullname}-check" in out, out
+    assert "Phase:          Succeeded" in out, out
+    leftovers = product.kubectl(
+        "get", "pods,roles,serviceaccounts", "-n", OPERATOR_NS, "-o", "name"
+    )
+    assert f"{fullname}-check" not in leftovers, leftovers
+
 
 def test_the_seed_readme_flow_traces_a_flask_and_an_express_app_into_the_sink(
     product: Product, shop_traced: dict[str, str]

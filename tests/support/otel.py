@@ -13,6 +13,7 @@ import gzip
 import http.client
 import http.server
 import os
+import ssl
 import subprocess
 import threading
 import time
@@ -125,6 +126,7 @@ class OTLPSink:
     host: str = "127.0.0.1"
     refused_tokens: set[str] = field(default_factory=set)
     refused: int = 0
+    tls: ssl.SSLContext | None = None  # HTTPS with this server context (an upstream's CA)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -153,14 +155,25 @@ class OTLPSink:
         self._bind(0)
 
     def _bind(self, port: int) -> None:
-        self._server = http.server.ThreadingHTTPServer((self.host, port), self._handler)
+        tls = self.tls
+
+        class Server(http.server.ThreadingHTTPServer):
+            def get_request(self) -> tuple[Any, Any]:
+                conn, address = super().get_request()
+                if tls is not None:  # the handshake's failure is an OSError: that one is dropped
+                    conn.settimeout(10)
+                    conn = tls.wrap_socket(conn, server_side=True)
+                return conn, address
+
+        self._server = Server((self.host, port), self._handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     def start(self) -> OTLPSink:
         self._thread.start()

@@ -412,3 +412,51 @@ def test_the_agent_takes_its_own_placement_from_the_proxy_annotation_and_only_a_
         pod = agent_pod(bad)
         assert pod["tolerations"] == [{"key": "proxy", "operator": "Exists"}], bad
         assert "nodeSelector" not in pod, bad
+
+
+def test_the_agent_exports_through_the_proxys_egress_and_reaches_its_kubelet_directly() -> None:
+    """The chart's `egress` is on the proxy's collector (HTTPS_PROXY, NO_PROXY, SSL_CERT_DIR and
+    the CA volume): the agent's collector gets the same, plus its node's IP in NO_PROXY; other
+    variables of the proxy (its GOMEMLIMIT, a user's extraEnv) stay the proxy's."""
+    target = AgentTarget("ops", "agent", "proxy", "token")
+    ca_volume = {"name": "egress-ca", "configMap": {"name": "corp-ca", "items": [
+        {"key": "bundle.pem", "path": "ca.crt"}]}}  # fmt: skip
+    collector = {
+        "name": "otelcol",
+        "image": "otelcol:1",
+        "env": [
+            {"name": "GOMEMLIMIT", "value": "400MiB"},
+            {"name": "HTTPS_PROXY", "value": "http://proxy.corp:3128"},
+            {"name": "NO_PROXY", "value": "$(KUBERNETES_SERVICE_HOST),.svc"},
+            {"name": "SSL_CERT_DIR", "value": "/etc/lumigo/egress-ca"},
+            {"name": "MINE", "value": "x"},
+        ],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/otelcol"},
+            {"name": "egress-ca", "mountPath": "/etc/lumigo/egress-ca", "readOnly": True},
+        ],
+    }
+    proxy = {"metadata": {"name": "proxy", "uid": "u"}, "spec": {"template": {"spec": {
+        "containers": [collector], "volumes": [{"name": "config"}, ca_volume]}}}}  # fmt: skip
+    pod = agent_daemonset(target, proxy, "d")["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["HTTPS_PROXY"] == "http://proxy.corp:3128"
+    assert env["NO_PROXY"] == "$(KUBERNETES_SERVICE_HOST),.svc,$(K8S_NODE_IP)"
+    assert env["SSL_CERT_DIR"] == "/etc/lumigo/egress-ca"
+    assert "MINE" not in env
+    assert env["GOMEMLIMIT"] != "400MiB"
+    # $(K8S_NODE_IP) is expanded by the kubelet only from a variable defined before it.
+    names = [e["name"] for e in agent["env"]]
+    assert names.index("K8S_NODE_IP") < names.index("NO_PROXY")
+    assert {"name": "egress-ca", "mountPath": "/etc/lumigo/egress-ca", "readOnly": True} in agent[
+        "volumeMounts"
+    ]
+    assert ca_volume in pod["volumes"]
+    # Without egress settings, none of it.
+    collector["env"], collector["volumeMounts"] = [], []
+    plain = agent_daemonset(target, proxy, "d")["spec"]["template"]["spec"]
+    assert not {"HTTPS_PROXY", "NO_PROXY", "SSL_CERT_DIR"} & {
+        e["name"] for e in plain["containers"][0]["env"]
+    }
+    assert all(v["name"] != "egress-ca" for v in plain["volumes"])

@@ -22,6 +22,7 @@ import yaml
 from controller.flag_table import Option, declared, parse_collector_duration
 from controller.options import (
     ENVIRONMENT_ONLY,
+    CheckOptions,
     QuickstartOptions,
     RunOptions,
     UninstallOptions,
@@ -41,6 +42,7 @@ COMMANDS: dict[str, type[Any]] = {
     "uninstall": UninstallOptions,
     "wait-for-webhook": WaitOptions,
     "quickstart": QuickstartOptions,
+    "check": CheckOptions,
 }
 # Chart values beyond the defaults: every optional flag of the templates is rendered by one.
 VALUE_SETS: dict[str, dict[str, Any]] = {

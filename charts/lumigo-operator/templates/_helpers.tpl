@@ -395,3 +395,59 @@ kube-state-metrics: this chart's own kube-state-metrics is configured with kubeS
 {{- end }}
 {{- join "," $items }}
 {{- end }}
+
+{{- /*
+Egress (values `egress`): the environment of a container that exports to Lumigo. HTTPS_PROXY
+only (the exports are HTTPS; in-cluster scrapes over http:// stay direct whatever NO_PROXY
+says), with a NO_PROXY that keeps the API server (its Service IP, from the variable every pod
+gets), cluster Service names and loopback direct, then the user's entries. SSL_CERT_DIR adds the
+CA bundle's directory to the image's trust store (Go reads every file there after the system
+bundle; the watchdog does the same: controller/runtime/trust.py). The cluster agent's DaemonSet
+copies all of it from the proxy's pod (controller/telemetry/agent.py).
+*/ -}}
+{{- define "lumigo-operator.egressEnv" -}}
+{{- $egress := .Values.egress | default dict }}
+{{- with $egress.httpsProxy }}
+- name: HTTPS_PROXY
+  value: {{ . | quote }}
+- name: NO_PROXY
+  value: {{ concat (list "$(KUBERNETES_SERVICE_HOST)" ".svc" ".cluster.local" "localhost" "127.0.0.1" "::1") ($egress.noProxy | default list) | uniq | join "," | quote }}
+{{- end }}
+{{- if include "lumigo-operator.egressCA" . }}
+- name: SSL_CERT_DIR
+  value: /etc/lumigo/egress-ca
+{{- end }}
+{{- end }}
+
+{{- /* "set" when egress.caBundle names a ConfigMap or a Secret. */ -}}
+{{- define "lumigo-operator.egressCA" -}}
+{{- $ca := (.Values.egress | default dict).caBundle | default dict }}
+{{- if and $ca.configMap $ca.secret }}
+{{- fail "egress.caBundle: name a ConfigMap or a Secret, not both" }}
+{{- end }}
+{{- if or $ca.configMap $ca.secret }}set{{ end }}
+{{- end }}
+
+{{- define "lumigo-operator.egressVolumeMount" -}}
+{{- if include "lumigo-operator.egressCA" . }}
+- name: egress-ca
+  mountPath: /etc/lumigo/egress-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "lumigo-operator.egressVolume" -}}
+{{- $ca := (.Values.egress | default dict).caBundle | default dict }}
+{{- $items := list (dict "key" ($ca.key | default "ca.crt") "path" "ca.crt") }}
+{{- if $ca.configMap }}
+- name: egress-ca
+  configMap:
+    name: {{ $ca.configMap }}
+    items: {{ toJson $items }}
+{{- else if $ca.secret }}
+- name: egress-ca
+  secret:
+    secretName: {{ $ca.secret }}
+    items: {{ toJson $items }}
+{{- end }}
+{{- end }}
