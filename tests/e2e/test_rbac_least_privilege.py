@@ -80,6 +80,11 @@ ALLOWED_UNUSED: dict[tuple[str, str, str, str], str] = {
         "event is an admission's, posted by the webhook's identity since issue 28 item 7; the "
         "controller repeats one only across resyncs of a workload it keeps failing on"
     ),
+    (MANAGER, "list", "", "events"): (
+        "a StatefulSet's or DaemonSet's FailedCreate events, listed by UID only while the new pods "
+        "of one the controller instrumented are refused by the API server; the scenario has no "
+        "LimitRange or quota (tests/e2e/test_safe_rollouts.py exercises it)"
+    ),
     (MANAGER, "update", "", "configmaps"): (
         "the published injection mode changes (--injection-mode-configmap) only when a Node "
         "with another runtime joins or leaves; the scenario's Nodes never change"

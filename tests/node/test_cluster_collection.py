@@ -52,14 +52,17 @@ from controller.telemetry.watchdog import EVENTS_SCOPE, SERVICE_NAME
 from controller.telemetry.watchdog import SCOPE as WATCHDOG_SCOPE
 from envtest.process import wait_until
 from tests.node.conftest import NodeHolder
+from tests.support.forward_proxy import reachable_only_locally, tinyproxy, upstream_address
 from tests.support.metrics_server import running_metrics_server
-from tests.support.otel import LogSeen, MetricSeen, Received, attrs
+from tests.support.otel import LogSeen, MetricSeen, OTLPSink, Received, attrs
 from tests.support.packaging import CHART, get_json
+from tests.support.private_ca import private_ca
 from tests.support.product import (
     OPERATOR_NS,
     RELEASE,
     Product,
     deployment,
+    endpoint_values,
     installed_product,
     wait_for,
 )
@@ -332,6 +335,92 @@ def test_kubelet_metrics_arrive_enriched_and_essential_only_filters_them(
     assert "kube_pod_created" in names
     assert "k8s.pod.cpu.usage" not in names
     assert "node_memory_MemFree_bytes" not in names
+
+
+# A connection attempt from a pod; prints how it ended.
+CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+    print("connected")
+except OSError as err:
+    print("blocked:", err)
+"""
+
+
+def upgrade(product: Product, *flags: str) -> None:
+    product.release.helm(
+        "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s", *flags
+    )  # fmt: skip
+
+
+def from_writer(product: Product, address: str, port: int) -> str:
+    (app,) = product.pods(APP_NS, "app=writer")
+    return product.kubectl("exec", "-n", APP_NS, app["metadata"]["name"], "--",
+                           "python3", "-c", CONNECT, address, str(port)).strip()  # fmt: skip
+
+
+def test_behind_a_forward_proxy_the_proxy_agent_and_watchdog_reach_a_private_ca_upstream(
+    product: Product, tmp_path: Path
+) -> None:
+    """Issue 34, item 2. A corporate network made here: the upstream (an address of this
+    machine other than the node's) speaks TLS with a certificate from a private CA; pods cannot
+    reach it (a firewall rule), only the forward proxy (Debian's tinyproxy, allowing CONNECT to
+    that port only) can. With `egress.httpsProxy` and `egress.caBundle` (a ConfigMap), the
+    telemetry proxy's, the cluster agent's and the watchdog's exports all arrive through it."""
+    with upstream_address() as address:
+        ca = private_ca(tmp_path / "pki", address)
+        upstream = OTLPSink(host=address, tls=ca.server_context()).start()
+        product.kubectl("create", "configmap", "corp-ca", "-n", OPERATOR_NS,
+                        f"--from-file=bundle.pem={ca.ca_pem}")  # fmt: skip
+        agents_before = {p["metadata"]["uid"] for p in agent_pods(product)}
+        # Reachable from a pod until the firewall rule, which is what blocks it.
+        assert from_writer(product, address, upstream.port) == "connected"
+        try:
+            with (
+                reachable_only_locally(address, upstream.port),
+                tinyproxy(product.node.node_ip, (upstream.port,), tmp_path / "fwd") as forward,
+            ):
+                direct = from_writer(product, address, upstream.port)
+                assert direct.startswith("blocked:"), direct
+                upgrade(
+                    product, *endpoint_values(upstream.url),
+                    "--set", f"egress.httpsProxy={forward.url}",
+                    "--set", "egress.caBundle.configMap=corp-ca",
+                    "--set", "egress.caBundle.key=bundle.pem",
+                )  # fmt: skip
+
+                def rolled() -> bool:
+                    pod = agent_ready(product)
+                    return pod is not None and pod["metadata"]["uid"] not in agents_before
+
+                wait_for(rolled, 180, "the agent rolled with the egress settings")
+
+                def arrived() -> dict[str, bool]:
+                    metrics = upstream.metrics()
+                    return {
+                        "agent": any("k8s.node.name" in m.resource for m in metrics),
+                        "telemetry proxy": any(
+                            m.name.startswith("otelcol_") and "k8s.node.name" not in m.resource
+                            for m in metrics
+                        ),
+                        "watchdog": any(r.scope == WATCHDOG_SCOPE for r in upstream.logs()),
+                    }
+
+                try:
+                    wait_for(lambda: all(arrived().values()), 240, "every export upstream")
+                except AssertionError as err:
+                    raise AssertionError(f"{err}: {arrived()}") from err
+                assert {m.authorization for m in upstream.metrics()} == {f"LumigoToken {TOKEN}"}
+                tunnels = forward.connects(address, upstream.port)
+                assert tunnels >= 1, forward.log.read_text()[-2000:]
+                print(f"egress: {tunnels} CONNECT tunnels, {len(upstream.requests)} requests")
+        finally:
+            upgrade(product, *endpoint_values(product.sink_url), "--set", "egress.httpsProxy=",
+                    "--set", "egress.caBundle.configMap=")  # fmt: skip
+            wait_for(lambda: agent_ready(product), 180, "the agent back on the plain sink")
+            product.kubectl("delete", "configmap", "corp-ca", "-n", OPERATOR_NS)
+            upstream.stop()
 
 
 def test_turning_cluster_collection_off_removes_the_agent(product: Product) -> None:

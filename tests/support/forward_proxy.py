@@ -13,6 +13,9 @@ from pathlib import Path
 from envtest.process import free_port, wait_until
 
 NFT_TABLE = "lumigo_egress_test"
+# An address of this machine that is not the node's: NO_PROXY lists the node's own IP (the
+# agent's kubelet), which must not also be the upstream's. TEST-NET-2, never routed anywhere.
+UPSTREAM_ADDRESS = "198.51.100.10"
 
 
 @dataclass(frozen=True)
@@ -73,3 +76,17 @@ def reachable_only_locally(address: str, port: int) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["nft", "delete", "table", "inet", NFT_TABLE], check=False)
+
+
+@contextlib.contextmanager
+def upstream_address(address: str = UPSTREAM_ADDRESS) -> Iterator[str]:
+    """`address` on this machine's loopback link while the block runs (this kernel has no dummy
+    links): pods reach it through their node (their default route), as they would reach a host
+    outside the cluster."""
+    prefix = f"{address}/32"
+    subprocess.run(["ip", "addr", "del", prefix, "dev", "lo"], check=False, capture_output=True)
+    subprocess.run(["ip", "addr", "add", prefix, "dev", "lo"], check=True)
+    try:
+        yield address
+    finally:
+        subprocess.run(["ip", "addr", "del", prefix, "dev", "lo"], check=False)

@@ -114,6 +114,17 @@ MANAGER_SELECTOR = "control-plane=controller-manager"
 WEBHOOK_SELECTOR = "control-plane=webhook"  # the webhook Deployment (serves admissions)
 
 
+def endpoint_values(sink_url: str) -> list[str]:
+    """`--set` flags sending traces, logs and metrics to `sink_url`. logs_url with its path: the
+    operator passes it to the collector as `logs_endpoint`, a full URL (the chart's default, the
+    bare host, would post events to "/": reported on issue 13)."""
+    return [
+        "--set", f"endpoint.otlp.url={sink_url}",
+        "--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs",
+        "--set", f"endpoint.otlp.metrics_url={sink_url}/v1/metrics",
+    ]  # fmt: skip
+
+
 def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
     """`--set` flags: our images, never pulled (pull policy Never), upstream = the sink."""
     flags: list[str] = []
@@ -127,11 +138,7 @@ def helm_values(images: dict[str, str], sink_url: str) -> list[str]:
         repository, tag = split_ref(images[name])
         flags += ["--set", f"{key}.repository={repository}", "--set", f"{key}.tag={tag}"]
         flags += ["--set", f"{key}.pullPolicy=Never"]
-    # logs_url with its path: the operator passes it to the collector as `logs_endpoint`, a full
-    # URL (the chart's default, the bare host, would post events to "/": reported on issue 13).
-    flags += ["--set", f"endpoint.otlp.url={sink_url}"]
-    flags += ["--set", f"endpoint.otlp.logs_url={sink_url}/v1/logs"]
-    flags += ["--set", f"endpoint.otlp.metrics_url={sink_url}/v1/metrics"]
+    flags += endpoint_values(sink_url)
     flags += ["--set", f"cluster.name={CLUSTER_NAME}"]
     # telemetryProxy.enricher: the chart's default (true), as our telemetry-proxy image has
     # lumigo_k8s_enricher (Events' root owners from the API).
