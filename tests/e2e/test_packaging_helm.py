@@ -347,12 +347,44 @@ def test_admission_is_served_by_a_webhook_deployment_that_scales_apart() -> None
     assert container["resources"] == {"limits": {"cpu": "2", "memory": "1Gi"}}
 
 
+def test_helm_test_runs_the_check_as_an_identity_that_may_only_dry_run_a_lumigo_here() -> None:
+    docs = load_docs(render_chart("lumigo", "lumigo-system"))
+    tests = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in docs
+        if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"
+    }
+    name = "lumigo-lumigo-operator-check"
+    assert set(tests) == {(kind, name) for kind in ("ServiceAccount", "Role", "RoleBinding", "Pod")}
+    for key, doc in tests.items():
+        annotations = doc["metadata"]["annotations"]
+        # Deleted when it passed, kept when it failed (its log says why).
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert doc["metadata"]["namespace"] == "lumigo-system"
+        if key[0] != "Pod":
+            assert int(annotations["helm.sh/hook-weight"]) < 0, key  # before the Pod
+    assert tests[("Role", name)]["rules"] == [
+        {"apiGroups": ["operator.lumigo.io"], "resources": ["lumigoes"], "verbs": ["create"]}
+    ]
+    pod = tests[("Pod", name)]["spec"]
+    assert pod["serviceAccountName"] == name
+    assert pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["command"][:2] == ["lumigo-operator", "check"]
+    assert "--namespace=lumigo-system" in container["command"]
+    assert (
+        "--proxy-url=http://lumigo-lumigo-operator-telemetry-proxy-service.lumigo-system"
+        ".svc.cluster.local" in container["command"]
+    )
+    assert container["securityContext"]["runAsNonRoot"] is True
+
+
 def test_uninstall_hook_and_its_rbac_are_pre_delete_hooks() -> None:
     docs = load_docs(render_chart("lumigo", "lumigo-system"))
     hooks = {
         (d["kind"], d["metadata"]["name"]): d["metadata"].get("annotations", {})
         for d in docs
-        if "helm.sh/hook" in d["metadata"].get("annotations", {})
+        if d["metadata"].get("annotations", {}).get("helm.sh/hook", "test") != "test"
     }
     name = "lumigo-lumigo-operator-uninstall-hook"
     assert set(hooks) == {
