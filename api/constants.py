@@ -102,6 +102,13 @@ DEFAULT_INJECTOR_IMAGE: Final = f"{INJECTOR_IMAGE_REPOSITORY}:v{__version__}"
 DEFAULT_INJECTOR_PULL_POLICY: Final = "IfNotPresent"
 PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 DEFAULT_INIT_CONTAINER_UID: Final = 1234
+# Who the lumigo-injector init container runs as. fsgroup: the pod's fsGroup, else 1234 (the
+# reference). unset: no runAsUser/runAsGroup, so the pod's, or what the platform assigns
+# (OpenShift's SecurityContextConstraints refuse any UID outside the namespace's range).
+INIT_USER_FSGROUP: Final = "fsgroup"
+INIT_USER_UNSET: Final = "unset"
+INIT_USERS: Final = (INIT_USER_FSGROUP, INIT_USER_UNSET)
+INIT_USER_AUTO: Final = "auto"  # unset on OpenShift (the API serves security.openshift.io)
 # How the payload reaches a pod: copied by the init container into an emptyDir, or the autotrace
 # image mounted read-only as an `image` volume (KEP-4639: Kubernetes >= 1.35, containerd >= 2.2
 # or CRI-O >= 1.33 for the subPath), with no copy and no init container.

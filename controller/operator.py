@@ -16,7 +16,7 @@ from collections.abc import Callable
 from api import constants, marks
 from api.lumigo import LumigoSpec
 from controller.flag_table import pick
-from controller.lumigo import rollouts
+from controller.lumigo import platform, rollouts
 from controller.lumigo.injection_mode import InjectionModePublisher
 from controller.lumigo.instrumentation import OPTED_OUT_INSTRUMENTED, Instrumenter, opted_out_state
 from controller.lumigo.lumigo_reconciler import LumigoReconciler
@@ -262,8 +262,11 @@ def run(opts: RunOptions) -> int:
 
 
 def start(builder: Callable[[KubeClient, RunOptions], Manager], opts: RunOptions, what: str) -> int:
-    """Build a process's manager with a client from the environment, say so, run it."""
-    manager = builder(KubeClient.from_env(opts.kubeconfig, user_agent=constants.USER_AGENT), opts)
+    """Build a process's manager with a client from the environment (the platform's defaults
+    decided first: every admission worker gets them), say so, run it."""
+    client = KubeClient.from_env(opts.kubeconfig, user_agent=constants.USER_AGENT)
+    user = platform.init_container_user(client, opts.init_container_user)
+    manager = builder(client, dataclasses.replace(opts, init_container_user=user))
     log.info(
         what,
         extra={

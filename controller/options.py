@@ -277,6 +277,16 @@ class RunOptions:
         env="LUMIGO_INIT_RESOURCES",
         parse=InitContainerResources.parse,
     )
+    init_container_user: str = option(
+        constants.INIT_USER_AUTO,
+        INJECTION,
+        "who the lumigo-injector init container runs as. fsgroup: the pod's fsGroup, else 1234 "
+        "(the reference); unset: no user of its own, so the pod's or the one the platform "
+        "assigns (OpenShift's SCCs refuse any UID outside the namespace's range); auto: unset "
+        "where the API server serves security.openshift.io, else fsgroup",
+        env="LUMIGO_INIT_CONTAINER_USER",
+        choices=(constants.INIT_USER_AUTO, *constants.INIT_USERS),
+    )
     injection_mode_configmap: str = option(
         "",
         INJECTION,

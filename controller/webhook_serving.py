@@ -64,7 +64,11 @@ def injection_settings(opts: RunOptions) -> InjectionSettings:
     auto = opts.injection_mode == constants.INJECTION_MODE_AUTO
     # The operator version, injector image and pull policy, proxy endpoint: same-named options.
     mode = constants.INJECTION_MODE_INIT_CONTAINER if auto else opts.injection_mode
-    return pick(InjectionSettings, opts, injection_mode=mode)
+    # An `auto` user not resolved at startup (controller.lumigo.platform): the reference's.
+    user = opts.init_container_user
+    if user == constants.INIT_USER_AUTO:
+        user = constants.INIT_USER_FSGROUP
+    return pick(InjectionSettings, opts, injection_mode=mode, init_container_user=user)
 
 
 def add_injection_mode(

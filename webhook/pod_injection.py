@@ -198,8 +198,14 @@ class InjectionSettings:
     enable_traces: bool = True
     enable_logs: bool = False
     init_resources: InitContainerResources = field(default_factory=InitContainerResources)
+    init_container_user: str = constants.INIT_USER_FSGROUP
 
     def __post_init__(self) -> None:
+        if self.init_container_user not in constants.INIT_USERS:
+            raise ValueError(
+                f"invalid init container user {self.init_container_user!r}: one of "
+                + ", ".join(constants.INIT_USERS)
+            )
         label = self.label_value
         if len(label) > constants.LABEL_VALUE_MAX_LENGTH or not _LABEL_VALUE.fullmatch(label):
             raise ValueError(
@@ -522,11 +528,6 @@ def _inject_pod_spec(
 def _init_container(
     pod_spec: PodSpec, settings: InjectionSettings, existing: Container | None
 ) -> Container:
-    pod_context = pod_spec.get("securityContext") or {}
-    fs_group = pod_context.get("fsGroup")
-    # The reference runs as the pod's fsGroup so the copy is writable; fsGroup 0 would mean root,
-    # which `runAsNonRoot: true` refuses and the restricted policy forbids, so use 1234 then.
-    user = fs_group if fs_group else constants.DEFAULT_INIT_CONTAINER_UID
     # The restricted Pod Security Standard on its own, whatever the pod or its other containers
     # say: a namespace that enforces it checks every container, and a pod that sets
     # `runAsNonRoot` per container (not on the pod) would otherwise be refused because of ours.
@@ -535,11 +536,15 @@ def _init_container(
         "privileged": False,
         "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
-        "runAsUser": user,
-        "runAsGroup": user,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
     }
+    if settings.init_container_user == constants.INIT_USER_FSGROUP:
+        # The reference runs as the pod's fsGroup so the copy is writable; fsGroup 0 would mean
+        # root, which `runAsNonRoot: true` refuses and the restricted policy forbids: 1234 then.
+        fs_group = (pod_spec.get("securityContext") or {}).get("fsGroup")
+        user = fs_group if fs_group else constants.DEFAULT_INIT_CONTAINER_UID
+        context |= {"runAsUser": user, "runAsGroup": user}
+    # (unset: the pod's user, or the one the platform assigns; the image's is 1234.)
+    context |= {"capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
     container = Container(
         name=constants.INJECTOR_INIT_CONTAINER,
         image=settings.injector_image,

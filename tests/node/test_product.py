@@ -33,7 +33,7 @@ from envtest.process import wait_until
 from tests.node.conftest import NodeHolder
 from tests.support.otel import LogSeen
 from tests.support.packaging import CHART, deployment_available, get_json, is_injected
-from tests.support.pods import BUSYBOX_IMAGE
+from tests.support.pods import BUSYBOX_IMAGE, wait_pod
 from tests.support.product import (
     CLUSTER_NAME,
     MANAGER_SELECTOR,
@@ -52,6 +52,7 @@ from tests.support.product import (
     wait_defaulter,
     wait_for,
 )
+from webhook.pod_injection import InjectionSettings, inject
 
 JSON = dict[str, Any]
 APPS_NS = "shop"
@@ -423,6 +424,56 @@ def test_an_app_running_as_another_uid_is_traced(
     obj = deployment(name, product.images["python-app"], securityContext=context)
     pod = run_variant(product, variants_ns, obj)
     spans_arrive(product, variants_ns, pod)
+
+
+# The first UID of a namespace's range, as OpenShift's restricted-v2 SCC assigns it.
+RANGE_UID = 1000680000
+
+
+@pytest.mark.parametrize("fs_group", [RANGE_UID, None], ids=["fsGroup", "no-fsGroup"])
+def test_a_pod_given_its_uid_by_the_platform_is_traced_by_an_init_container_naming_none(
+    product: Product, variants_ns: str, fs_group: int | None
+) -> None:
+    """Issue 34, item 3. On OpenShift (`--init-container-user=auto` sees security.openshift.io)
+    the injection names no user for ours: the product's own mutation with that setting, then
+    what restricted-v2's admission does (every container gets the namespace's UID, the pod its
+    fsGroup when the SCC sets one), run on the real node. A bare Pod: neither the webhook nor the
+    controller touches it, so this is exactly the SCC's pod."""
+    settings = InjectionSettings(
+        injector_image=product.images["autotrace"],
+        injector_pull_policy="Never",
+        telemetry_proxy_endpoint=(
+            f"http://{full(product)}-telemetry-proxy-service.{OPERATOR_NS}.svc.cluster.local"
+        ),
+        init_container_user="unset",
+    )
+    name = f"scc-{'fsgroup' if fs_group else 'plain'}"
+    template = deployment(name, product.images["python-app"])
+    injected = inject(template, settings)["spec"]["template"]
+    init = injected["spec"]["initContainers"][0]
+    assert {"runAsUser", "runAsGroup"}.isdisjoint(init["securityContext"])
+    # What the SCC's admission adds: a UID for every container, the pod's fsGroup.
+    for container in injected["spec"]["initContainers"] + injected["spec"]["containers"]:
+        container.setdefault("securityContext", {})["runAsUser"] = RANGE_UID
+    pod_context = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if fs_group is not None:
+        pod_context["fsGroup"] = fs_group
+    injected["spec"]["securityContext"] = pod_context
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**injected["metadata"], "name": name},
+           "spec": injected["spec"]}  # fmt: skip
+    product.kubectl("apply", "-n", variants_ns, "-f", "-", input=json.dumps(pod))
+    try:
+        wait_pod(product.cluster, variants_ns, name, timeout=180)
+        running = get_json(product.cluster, "pod", name, "-n", variants_ns)
+        (status,) = running["status"]["initContainerStatuses"]
+        assert status["state"]["terminated"]["exitCode"] == 0, status
+        http_get(product, variants_ns, name, "/healthz")
+        uid = product.kubectl("exec", "-n", variants_ns, name, "--", "python3", "-c",
+                              "import os; print(os.getuid())").strip()  # fmt: skip
+        assert uid == str(RANGE_UID)
+        spans_arrive(product, variants_ns, running)
+    finally:
+        product.kubectl("delete", "pod", name, "-n", variants_ns, "--wait=false")
 
 
 # A non-root app container with a read-only root and every capability dropped.

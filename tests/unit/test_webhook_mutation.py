@@ -188,6 +188,30 @@ def test_init_container_security_context_follows_the_pod(pod_context: JSON, expe
     }
 
 
+@pytest.mark.parametrize("pod_context", [{}, {"fsGroup": 1000680000}, {"runAsUser": 1000680000}])
+def test_an_unset_init_container_user_names_no_user_for_the_platform_to_assign(
+    pod_context: JSON,
+) -> None:
+    """OpenShift (--init-container-user=unset, what `auto` picks there): its SCCs give the whole
+    pod a UID from the namespace's range and refuse any other, so ours names none, whatever the
+    pod has; it stays non-root and restricted otherwise."""
+    settings = InjectionSettings(init_container_user="unset")
+    out = inject(workload("Deployment", simple_template(securityContext=pod_context)), settings)
+    context = template_of(out)["spec"]["initContainers"][0]["securityContext"]
+    assert "runAsUser" not in context
+    assert "runAsGroup" not in context
+    assert context["runAsNonRoot"] is True
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    # Back to the reference's user: the next injection changes only that.
+    again = inject(out, SETTINGS)
+    assert template_of(again)["spec"]["initContainers"][0]["securityContext"]["runAsUser"] in (
+        1234,
+        1000680000,
+    )
+    with pytest.raises(ValueError, match="invalid init container user 'auto'"):
+        InjectionSettings(init_container_user="auto")
+
+
 def test_existing_items_are_replaced_in_place_by_name() -> None:
     template = simple_template(
         volumes=[
