@@ -8,8 +8,6 @@ why. The kustomize namespace is labelled so that the agent can run, and warns an
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,6 @@ from tests.support.packaging import CHART, helm, load_docs, render_chart
 
 JSON = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
-LEVELS = ("restricted", "baseline", "privileged")
 EVERYTHING_ON = {
     "lumigoToken": {"value": "t_0123456789abcdef01234"},
     "monitoredNamespaces": [{"namespace": "default"}],
@@ -32,21 +29,6 @@ EVERYTHING_ON = {
     "watchdog": {"enabled": True},
     "uninstallHook": {"enabled": True},
 }
-
-
-@pytest.fixture(scope="module")
-def levels(cluster: LocalCluster) -> Iterator[dict[str, str]]:
-    suffix = uuid.uuid4().hex[:6]
-    names = {level: f"t-pss-c-{level}-{suffix}" for level in LEVELS}
-    for level, name in names.items():
-        cluster.kubectl("create", "namespace", name)
-        cluster.kubectl("label", "namespace", name, f"pod-security.kubernetes.io/enforce={level}",
-                        "pod-security.kubernetes.io/enforce-version=latest")  # fmt: skip
-    try:
-        yield names
-    finally:
-        for name in names.values():
-            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def pod_specs(docs: list[JSON]) -> dict[str, JSON]:
@@ -97,28 +79,31 @@ def without_service_account(spec: JSON) -> JSON:
 
 @pytest.mark.parametrize("install", ["helm", "kustomize", "olm"])
 def test_every_pod_of_each_install_passes_restricted(
-    install: str, cluster: LocalCluster, kube: KubeClient, levels: dict[str, str]
+    install: str, cluster: LocalCluster, kube: KubeClient, pss_namespaces: dict[str, str]
 ) -> None:
     pods = {"helm": helm_pods, "olm": olm_pods}.get(install, lambda: kustomize_pods(cluster))()
+    restricted = pss_namespaces["restricted"]
     assert len(pods) >= (5 if install == "helm" else 3), sorted(pods)
     refused = {
         name: error
         for name, spec in pods.items()
-        if (error := admission_error(kube, levels["restricted"], without_service_account(spec)))
+        if (error := admission_error(kube, restricted, without_service_account(spec)))
     }
     assert refused == {}
 
 
 def test_the_cluster_agent_needs_privileged_and_the_others_say_why(
-    kube: KubeClient, levels: dict[str, str]
+    kube: KubeClient, pss_namespaces: dict[str, str]
 ) -> None:
     spec = without_service_account(agent_pod())
-    assert admission_error(kube, levels["privileged"], spec) is None
+    assert admission_error(kube, pss_namespaces["privileged"], spec) is None
     for level in ("baseline", "restricted"):
-        error = admission_error(kube, levels[level], spec)
+        error = admission_error(kube, pss_namespaces[level], spec)
         assert error is not None, level
         assert "hostPath" in error, error
-    assert "runAsNonRoot != true" in (admission_error(kube, levels["restricted"], spec) or "")
+    assert "runAsNonRoot != true" in (
+        admission_error(kube, pss_namespaces["restricted"], spec) or ""
+    )
 
 
 def test_the_kustomize_namespace_lets_the_agent_run_and_warns_at_restricted(
@@ -133,7 +118,7 @@ def test_the_kustomize_namespace_lets_the_agent_run_and_warns_at_restricted(
 
 
 def test_helm_warns_when_its_namespace_would_refuse_the_agent(
-    cluster: LocalCluster, levels: dict[str, str]
+    cluster: LocalCluster, pss_namespaces: dict[str, str]
 ) -> None:
     """`helm install` with cluster collection into a namespace whose level refuses the agent:
     NOTES.txt says so and how to fix it (a server-side dry run, so that `lookup` sees the
@@ -145,7 +130,7 @@ def test_helm_warns_when_its_namespace_would_refuse_the_agent(
             "--set", "lumigoToken.value=t_0123456789abcdef01234", cluster=cluster,
         ).stdout  # fmt: skip
 
-    warned = notes(levels["restricted"])
-    assert f'WARNING: namespace {levels["restricted"]} enforces the "restricted"' in warned
+    warned = notes(pss_namespaces["restricted"])
+    assert f'WARNING: namespace {pss_namespaces["restricted"]} enforces the "restricted"' in warned
     assert "pod-security.kubernetes.io/enforce=privileged" in warned
-    assert "WARNING: namespace" not in notes(levels["privileged"])
+    assert "WARNING: namespace" not in notes(pss_namespaces["privileged"])

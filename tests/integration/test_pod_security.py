@@ -9,16 +9,12 @@ admits (each generated pod is first checked to be admitted as it is, before inje
 from __future__ import annotations
 
 import copy
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.runtime.kube import KubeClient
-from envtest.cluster import LocalCluster
 from kube.kinds import PODS
 from kube.rest import ApiError
 from webhook.pod_injection import InjectionSettings, inject
@@ -26,27 +22,6 @@ from webhook.pod_injection import InjectionSettings, inject
 JSON = dict[str, Any]
 LEVELS = ("restricted", "baseline", "privileged")
 SETTINGS = InjectionSettings(operator_version="1.0.0")
-
-
-@pytest.fixture(scope="module")
-def pss_namespaces(cluster: LocalCluster) -> Iterator[dict[str, str]]:
-    """One namespace per Pod Security level, each enforcing it (latest version)."""
-    suffix = uuid.uuid4().hex[:6]
-    names = {level: f"t-pss-{level}-{suffix}" for level in LEVELS}
-    for level, name in names.items():
-        cluster.kubectl("create", "namespace", name)
-        cluster.kubectl(
-            "label",
-            "namespace",
-            name,
-            f"pod-security.kubernetes.io/enforce={level}",
-            "pod-security.kubernetes.io/enforce-version=latest",
-        )
-    try:
-        yield names
-    finally:
-        for name in names.values():
-            cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def admission_error(kube: KubeClient, namespace: str, pod_spec: JSON) -> str | None:
