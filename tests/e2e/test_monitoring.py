@@ -14,7 +14,9 @@ import promql_parser
 import pytest
 import yaml
 
+from api import constants
 from controller.runtime.kube import KubeClient
+from controller.telemetry.agent import AgentTarget, agent_daemonset
 from envtest.cluster import LocalCluster
 from envtest.operator import OperatorProcess
 from envtest.process import wait_until
@@ -140,7 +142,8 @@ def test_every_alert_is_valid_promql_with_a_severity_and_a_summary() -> None:
     assert {a["alert"] for a in alerts} >= {
         "LumigoOperatorWebhookCertificateExpiresSoon", "LumigoOperatorReconcileErrors",
         "LumigoOperatorWebhookSlow", "LumigoOperatorWebhookErrors",
-        "LumigoTelemetryProxyExportFailures",
+        "LumigoTelemetryProxyExportFailures", "LumigoOperatorDown", "LumigoOperatorNoLeader",
+        "LumigoTelemetryProxyDown",
     }  # fmt: skip
     for alert in alerts:
         promql_parser.parse(alert["expr"])  # raises on a syntax error
@@ -148,6 +151,8 @@ def test_every_alert_is_valid_promql_with_a_severity_and_a_summary() -> None:
         assert alert["annotations"]["summary"], alert["alert"]
         if "for" in alert:
             assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
+    # The no-leader alert names the manager's Lease.
+    assert f'name="{constants.LEADER_ELECTION_ID}"' in rule_exprs()["LumigoOperatorNoLeader"]
     with pytest.raises(ValueError):  # the parser does reject bad PromQL
         promql_parser.parse("sum by (le (rate(x[5m]))")
 
@@ -187,6 +192,8 @@ def test_every_metric_the_dashboard_and_alerts_name_is_exported(exported: set[st
         for name in metric_names(promql_parser.parse(expr)):
             if name.startswith("~otelcol_") or name.startswith("otelcol_"):
                 continue  # the telemetry proxy's own metrics (its :8888), alerts only
+            if name == "up":
+                continue  # Prometheus's own series for each scrape target
             if name not in exported:
                 missing[where] = name
     assert not missing, f"not exported by the operator: {missing}"
@@ -196,3 +203,28 @@ def test_every_metric_the_dashboard_and_alerts_name_is_exported(exported: set[st
         for expr in dashboard_exprs().values()
         for n in metric_names(promql_parser.parse(expr))
     )
+
+
+def test_the_pod_monitor_scrapes_both_collectors_on_their_metrics_port() -> None:
+    """monitoring.podMonitor: the telemetry proxy's pods (the chart's) and the cluster agent's
+    (the operator's DaemonSet) expose the collector's own metrics on a container port named
+    `metrics`; the PodMonitor selects both, and nothing else."""
+    docs = load_docs(render_chart("lumigo", "lumigo-system"))
+    assert "PodMonitor" not in {d["kind"] for d in docs}
+    values = {"monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+    docs = load_docs(render_chart("lumigo", "lumigo-system", values))
+    monitor = find(docs, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    proxy = find(docs, "Deployment", "lumigo-lumigo-operator-telemetry-proxy")
+    target = AgentTarget("lumigo-system", "agent", proxy["metadata"]["name"], "token")
+    agent = agent_daemonset(target, proxy, "digest")
+    pods = [proxy["spec"]["template"], agent["spec"]["template"]]
+    for pod in pods:
+        assert selects(monitor["spec"]["selector"], pod["metadata"]["labels"]), pod["metadata"]
+        ports = [p["name"] for c in pod["spec"]["containers"] for p in c.get("ports") or []]
+        assert endpoint["port"] in ports
+    others = [d["spec"]["template"]["metadata"]["labels"] for d in docs
+              if d["kind"] in ("Deployment", "StatefulSet") and d is not proxy]  # fmt: skip
+    assert others
+    assert not any(selects(monitor["spec"]["selector"], labels) for labels in others)
