@@ -20,7 +20,8 @@ tokens, a real node, an OTLP sink on the node's bridge address), then:
    and during the outage, and how many of the spans sent during it arrived afterwards.
 
     .venv/bin/python bench/product_node.py [--deployments 20] [--repeat 10]
-    (0 skips that part: `--deployments 0 --repeat 0` measures only bytes and the outage)
+    (0 skips that part: `--deployments 0 --repeat 0` measures only bytes and the outage;
+    `--init-cpu-limit 500m` times the copy under another CPU limit than the chart's)
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ from typing import Any
 
 from bench import benchkit
 from envtest.process import wait_until
+from tests.support.packaging import CHART
 from tests.support.product import (
+    RELEASE,
     Product,
     deployment,
     http_get,
@@ -240,11 +243,22 @@ def main() -> int:
     parser = benchkit.parser(__doc__)
     parser.add_argument("--deployments", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument(
+        "--init-cpu-limit", default="", help="the lumigo-injector init container's CPU limit "
+        "(injectorWebhook.lumigoInjector.resources.limits.cpu; default: the chart's)",
+    )  # fmt: skip
     args = parser.parse_args()
     results: JSON = {}
     generator = installed_product(None)
     product = next(generator)
     try:
+        if args.init_cpu_limit:
+            results["init_cpu_limit"] = args.init_cpu_limit
+            limit = f"injectorWebhook.lumigoInjector.resources.limits.cpu={args.init_cpu_limit}"
+            product.release.helm(
+                "upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "180s",
+                "--set", limit,
+            )  # fmt: skip
         if args.deployments:
             results["activation"] = activation(product, args.deployments)
         if args.repeat:

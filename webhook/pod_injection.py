@@ -114,19 +114,21 @@ class InitContainerResources:
     """Requests/limits of the `lumigo-injector` init container (Kubernetes quantities).
 
     The reference sets none, which breaks in namespaces whose ResourceQuota requires limits and
-    lets a LimitRange default apply (sometimes whole CPUs). Defaults: the container only copies
-    the tracer payload into the emptyDir, so 50m CPU / 64Mi memory is requested; the limits leave
-    headroom for the page cache of the copy, which OOM-killed other vendors' copy containers at
-    32-64Mi (OpenTelemetry operator #3479, Datadog's move to 128Mi). 200m/128Mi keeps the
-    limit/request ratios at 4 (CPU) and 2 (memory), which common LimitRanges'
-    `maxLimitRequestRatio` allow (the earlier 10m/500m, a ratio of 50, was refused by them). When
-    every other container of the pod is Guaranteed, the limits are used as requests too, so the
-    pod keeps its Guaranteed QoS class.
+    lets a LimitRange default apply (sometimes whole CPUs). Defaults: 125m CPU / 64Mi memory
+    requested, 500m / 128Mi limits, so the limit/request ratios are 4 (CPU) and 2 (memory), which
+    common LimitRanges' `maxLimitRequestRatio` allow (the earlier 10m/500m, a ratio of 50, was
+    refused by them). The CPU limit sets the copy's speed: on the real node the ~99 MB copy took
+    12 s at 500m and 26 s at 200m (bench/product_node.py), so the request rose rather than the
+    limit fell. The memory limit leaves headroom for the page cache of the copy, which OOM-killed
+    other vendors' copy containers at 32-64Mi (OpenTelemetry operator #3479, Datadog's move to
+    128Mi). An init container's request counts only against the pod's effective request (the
+    max over init containers and the sum of the others). When every other container of the pod
+    is Guaranteed, the limits are used as requests too, so the pod keeps its Guaranteed QoS.
     """
 
-    requests_cpu: str = "50m"
+    requests_cpu: str = "125m"
     requests_memory: str = "64Mi"
-    limits_cpu: str = "200m"
+    limits_cpu: str = "500m"
     limits_memory: str = "128Mi"
 
     def __post_init__(self) -> None:

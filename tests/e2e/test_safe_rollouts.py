@@ -261,7 +261,7 @@ def test_a_quota_the_instrumented_pods_exceed_reverts_with_the_quota_in_the_reas
     operator: OperatorProcess, full_cluster: LocalCluster, kube: KubeClient
 ) -> None:
     """Room for the running pod and an un-instrumented surge pod (2 x 100m), not for an
-    instrumented one, whose init container's 200m limit is the pod's CPU limit."""
+    instrumented one, whose init container's 500m limit is the pod's CPU limit."""
     ns = operator.new_namespace()
     create_token_secret(kube, ns, TOKEN)
     quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "cpu"},

@@ -65,12 +65,12 @@ def test_parse_takes_any_of_the_four_and_refuses_the_rest() -> None:
 def test_the_flag_and_the_env_reach_the_injected_init_container(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("LUMIGO_INIT_RESOURCES", "requests.cpu=125m,limits.memory=256Mi")
+    monkeypatch.setenv("LUMIGO_INIT_RESOURCES", "requests.cpu=150m,limits.memory=256Mi")
     opts = options()
     init = pod(injection_settings(opts), "p")["spec"]["initContainers"][0]
     assert init["resources"] == {
-        "requests": {"cpu": "125m", "memory": "64Mi"},
-        "limits": {"cpu": "200m", "memory": "256Mi"},
+        "requests": {"cpu": "150m", "memory": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
     }
     flagged = options("--init-resources=limits.cpu=250m")
     assert flagged.init_resources.limits_cpu == "250m"
@@ -86,7 +86,7 @@ def test_common_limit_ranges_admit_the_defaults_and_a_stricter_one_the_configure
     refused = pod(InjectionSettings(), "refused")
     with pytest.raises(KubectlError, match="cpu max limit to request ratio per Container is 2"):
         cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(refused))
-    configured = InitContainerResources.parse("requests.cpu=100m")
+    configured = InitContainerResources.parse("requests.cpu=250m")
     admitted = pod(InjectionSettings(init_resources=configured), "configured")
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(admitted))
 
@@ -94,7 +94,7 @@ def test_common_limit_ranges_admit_the_defaults_and_a_stricter_one_the_configure
 def test_the_chart_passes_its_values_to_the_manager_and_the_webhook() -> None:
     rendered = helm(
         "template", "x", str(CHART),
-        "--set", "injectorWebhook.lumigoInjector.resources.requests.cpu=125m",
+        "--set", "injectorWebhook.lumigoInjector.resources.requests.cpu=150m",
     ).stdout  # fmt: skip
     containers = [
         c
@@ -106,4 +106,4 @@ def test_the_chart_passes_its_values_to_the_manager_and_the_webhook() -> None:
     assert len(containers) == 2
     for container in containers:
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert InitContainerResources.parse(env["LUMIGO_INIT_RESOURCES"]).requests_cpu == "125m"
+        assert InitContainerResources.parse(env["LUMIGO_INIT_RESOURCES"]).requests_cpu == "150m"

@@ -430,8 +430,8 @@ def test_a_version_that_makes_an_invalid_label_is_refused_at_startup(version: st
 def test_fix_the_init_container_has_small_resources() -> None:
     out = inject(workload("Deployment", simple_template()), SETTINGS)
     assert template_of(out)["spec"]["initContainers"][0]["resources"] == {
-        "requests": {"cpu": "50m", "memory": "64Mi"},
-        "limits": {"cpu": "200m", "memory": "128Mi"},
+        "requests": {"cpu": "125m", "memory": "64Mi"},
+        "limits": {"cpu": "500m", "memory": "128Mi"},
     }
     custom = InjectionSettings(init_resources=InitContainerResources("50m", "64Mi", "1", "256Mi"))
     out = inject(workload("Deployment", simple_template()), custom)
@@ -446,7 +446,7 @@ def test_fix_a_guaranteed_pod_stays_guaranteed() -> None:
     template["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
     out = inject(workload("Deployment", template), SETTINGS)
     resources = template_of(out)["spec"]["initContainers"][0]["resources"]
-    assert resources["requests"] == resources["limits"] == {"cpu": "200m", "memory": "128Mi"}
+    assert resources["requests"] == resources["limits"] == {"cpu": "500m", "memory": "128Mi"}
 
 
 def test_fix_pod_level_resources_leave_the_init_container_unconstrained() -> None:
@@ -471,7 +471,7 @@ def test_fix_server_defaults_on_our_init_container_are_not_a_change() -> None:
         terminationMessagePolicy="File",
         imagePullPolicy="IfNotPresent",
     )
-    init["resources"]["limits"]["cpu"] = "0.2"  # same quantity, other spelling
+    init["resources"]["limits"]["cpu"] = "0.5"  # same quantity, other spelling
     assert inject(stored, SETTINGS) == stored
     upgraded = inject(stored, InjectionSettings(operator_version="2.0", injector_image="new:2"))
     new_init = template_of(upgraded)["spec"]["initContainers"][0]
@@ -548,7 +548,7 @@ def test_invalid_quantities_are_refused() -> None:
         ValueError, match="init container limits memory: '12 MB' is not a Kubernetes quantity"
     ):
         InitContainerResources(limits_memory="12 MB")
-    with pytest.raises(ValueError, match="init container cpu request 2 exceeds its limit 200m"):
+    with pytest.raises(ValueError, match="init container cpu request 2 exceeds its limit 500m"):
         InitContainerResources(requests_cpu="2")
     with pytest.raises(ValueError, match="must be positive"):
         InitContainerResources(requests_cpu="0")
