@@ -208,6 +208,15 @@ class TelemetryProxyReconciler:
     )
     _left_out: list[str] = field(default_factory=list, init=False)
     _restart_pending: bool = field(default=False, init=False)
+    # The proxy Deployment existed at some pass: once it is gone, the Secret is never written
+    # again (see `sync`).
+    _deployment_seen: bool = field(default=False, init=False)
+    _deployment_gone: WarnWhileMissing = field(
+        default_factory=lambda: WarnWhileMissing(
+            log, "telemetry proxy Deployment deleted; its configuration goes with it"
+        ),
+        init=False,
+    )
 
     def __post_init__(self) -> None:
         self._identity = ClusterIdentity(self.client)
@@ -251,6 +260,14 @@ class TelemetryProxyReconciler:
         self._report_left_out(wanted, namespaces)
         digest = config_hash(text)
         deployment = self.client.get_or_none(DEPLOYMENTS, t.deployment_name, t.namespace)
+        if deployment is None and self._deployment_seen:
+            # Deleted since (an uninstall: Helm deletes the proxy before the operator's RBAC).
+            # The garbage collector takes the Secret with it; writing it again now would create
+            # it with no owner, and the tenants' tokens would outlive the proxy.
+            self._deployment_gone.present(False, deployment=f"{t.namespace}/{t.deployment_name}")
+            return False
+        self._deployment_gone.present(True)
+        self._deployment_seen = deployment is not None
         changed, secret = self._apply_secret(text, digest, deployment)
         if deployment is not None and is_olm_managed(deployment):
             now = dt.datetime.now(dt.UTC)

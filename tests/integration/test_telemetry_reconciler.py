@@ -252,6 +252,26 @@ def test_missing_proxy_deployment_is_not_an_error(
     assert rollout_hash(kube, namespace) == config_hash(text)
 
 
+def test_once_the_proxy_is_deleted_its_configuration_is_never_written_again(
+    kube: KubeClient, informer: Informer, namespace: str, monitored: str
+) -> None:
+    """An uninstall deletes the proxy Deployment, the garbage collector the Secret it owns; a
+    pass in between (the operator still has its RBAC for a moment) must not create the Secret
+    again, with no owner: the tenants' tokens would outlive the proxy. Seen in CI."""
+    proxy_deployment(kube, namespace)
+    reconciler = make(kube, informer, namespace)
+    assert reconciler.sync() is True
+    kube.delete(DEPLOYMENTS, PROXY, namespace)
+    kube.delete(SECRETS, PROXY_SECRET, namespace)  # what the garbage collector does
+    assert reconciler.sync() is False
+    assert kube.get_or_none(SECRETS, PROXY_SECRET, namespace) is None
+    # A proxy installed again gets its configuration, owned by it.
+    proxy_deployment(kube, namespace)
+    assert reconciler.sync() is True
+    (owner,) = kube.get(SECRETS, PROXY_SECRET, namespace)["metadata"]["ownerReferences"]
+    assert owner["uid"] == kube.get(DEPLOYMENTS, PROXY, namespace)["metadata"]["uid"]
+
+
 def test_a_namespace_created_again_is_collected_under_its_new_uid(
     full_cluster: LocalCluster, kube: KubeClient, informer: Informer, namespace: str, monitored: str
 ) -> None:
