@@ -272,7 +272,7 @@ class RunOptions:
         InitContainerResources(),
         INJECTION,
         "the lumigo-injector init container's resources, e.g. "
-        "requests.cpu=125m,requests.memory=64Mi,limits.cpu=500m,limits.memory=128Mi (any of the "
+        "requests.cpu=50m,requests.memory=64Mi,limits.cpu=500m,limits.memory=128Mi (any of the "
         "four; the others keep their defaults)",
         env="LUMIGO_INIT_RESOURCES",
         parse=InitContainerResources.parse,

@@ -114,10 +114,12 @@ class InitContainerResources:
     """Requests/limits of the `lumigo-injector` init container (Kubernetes quantities).
 
     The reference sets none, which breaks in namespaces whose ResourceQuota requires limits and
-    lets a LimitRange default apply (sometimes whole CPUs). Defaults: 125m CPU / 64Mi memory
-    requested, 500m / 128Mi limits, so the limit/request ratios are 4 (CPU) and 2 (memory), which
-    common LimitRanges' `maxLimitRequestRatio` allow (the earlier 10m/500m, a ratio of 50, was
-    refused by them). The CPU limit sets the copy's speed: on the real node the ~99 MB copy took
+    lets a LimitRange default apply (sometimes whole CPUs). Defaults: 50m CPU / 64Mi memory
+    requested, 500m / 128Mi limits, so the limit/request ratios are 10 (CPU, as the OpenTelemetry
+    operator's copy containers) and 2 (memory), which common LimitRanges' `maxLimitRequestRatio`
+    allow (the earlier 10m/500m, a ratio of 50, was refused by them). The request stays small
+    because for a pod that requests nothing it is the pod's whole request: 125m made a 2-CPU
+    node refuse pods it ran before. The CPU limit sets the copy's speed: on the real node the ~99 MB copy took
     12 s at 500m and 26 s at 200m (bench/product_node.py), so the request rose rather than the
     limit fell. The memory limit leaves headroom for the page cache of the copy, which OOM-killed
     other vendors' copy containers at 32-64Mi (OpenTelemetry operator #3479, Datadog's move to
@@ -126,7 +128,7 @@ class InitContainerResources:
     is Guaranteed, the limits are used as requests too, so the pod keeps its Guaranteed QoS.
     """
 
-    requests_cpu: str = "125m"
+    requests_cpu: str = "50m"
     requests_memory: str = "64Mi"
     limits_cpu: str = "500m"
     limits_memory: str = "128Mi"

@@ -79,14 +79,14 @@ def test_the_flag_and_the_env_reach_the_injected_init_container(
 def test_common_limit_ranges_admit_the_defaults_and_a_stricter_one_the_configured_resources(
     cluster: LocalCluster, namespace: str
 ) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range("4", "2"))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range("10", "2"))
     common = pod(InjectionSettings(), "defaults")
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(common))
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range("2", "2"))
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=limit_range("4", "2"))
     refused = pod(InjectionSettings(), "refused")
-    with pytest.raises(KubectlError, match="cpu max limit to request ratio per Container is 2"):
+    with pytest.raises(KubectlError, match="cpu max limit to request ratio per Container is 4"):
         cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(refused))
-    configured = InitContainerResources.parse("requests.cpu=250m")
+    configured = InitContainerResources.parse("requests.cpu=125m")
     admitted = pod(InjectionSettings(init_resources=configured), "configured")
     cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(admitted))
 

@@ -430,7 +430,7 @@ def test_a_version_that_makes_an_invalid_label_is_refused_at_startup(version: st
 def test_fix_the_init_container_has_small_resources() -> None:
     out = inject(workload("Deployment", simple_template()), SETTINGS)
     assert template_of(out)["spec"]["initContainers"][0]["resources"] == {
-        "requests": {"cpu": "125m", "memory": "64Mi"},
+        "requests": {"cpu": "50m", "memory": "64Mi"},
         "limits": {"cpu": "500m", "memory": "128Mi"},
     }
     custom = InjectionSettings(init_resources=InitContainerResources("50m", "64Mi", "1", "256Mi"))
