@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,53 @@ def test_the_pod_monitor_scrapes_both_collectors_on_their_metrics_port() -> None
               if d["kind"] in ("Deployment", "StatefulSet") and d is not proxy]  # fmt: skip
     assert others
     assert not any(selects(monitor["spec"]["selector"], labels) for labels in others)
+
+
+def alert(name: str) -> JSON:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return next(r for g in groups for r in g["rules"] if r["alert"] == name)
+
+
+def expected_firing(name: str, **labels: str) -> JSON:
+    """What promtool should see firing: the rule's labels and its annotations, templated."""
+    rule = alert(name)
+    annotations = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v)
+                   for k, v in rule["annotations"].items()}  # fmt: skip
+    return {"exp_labels": {**rule["labels"], **labels}, "exp_annotations": annotations}
+
+
+def test_prometheus_loads_the_shipped_rules_and_the_down_alerts_wait_their_for(
+    tmp_path: Path,
+) -> None:
+    """The rule file as shipped, in Prometheus's own tools (Debian's promtool): it loads, and
+    with the scrape series of a manager that stops answering at minute 3 LumigoOperatorDown is
+    pending, not firing, until its 10 minutes have passed; a manager that answers without the
+    Lease fires LumigoOperatorNoLeader after 5. (The node test provokes the first for real,
+    with its `for` scaled down.)"""
+    check = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True,
+                           text=True)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    manager = 'up{service="lumigo-lumigo-operator-controller-manager-metrics-service"}'
+    leader = 'leader_election_master_status{name="1447aab8.lumigo.io"}'
+    cases = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": manager, "values": "1 1 1 0x20"},
+                             {"series": leader, "values": "1x3 0x20"}],
+            "alert_rule_test": [
+                {"eval_time": "12m", "alertname": "LumigoOperatorDown", "exp_alerts": []},
+                {"eval_time": "13m", "alertname": "LumigoOperatorDown",
+                 "exp_alerts": [expected_firing("LumigoOperatorDown")]},
+                {"eval_time": "8m", "alertname": "LumigoOperatorNoLeader", "exp_alerts": []},
+                {"eval_time": "9m", "alertname": "LumigoOperatorNoLeader",
+                 "exp_alerts": [expected_firing("LumigoOperatorNoLeader")]},
+            ],
+        }],
+    }  # fmt: skip
+    test_file = tmp_path / "alerts_test.yaml"
+    test_file.write_text(yaml.safe_dump(cases))
+    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True,
+                            text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ from envtest.process import wait_until
 from tests.node.conftest import NodeHolder
 from tests.support.forward_proxy import reachable_only_locally, tinyproxy, upstream_address
 from tests.support.metrics_server import running_metrics_server
+from tests.support.network_policies import connects, enforcing
 from tests.support.otel import LogSeen, MetricSeen, OTLPSink, Received, attrs
 from tests.support.packaging import CHART, get_json
 from tests.support.private_ca import private_ca
@@ -61,11 +63,15 @@ from tests.support.product import (
     OPERATOR_NS,
     RELEASE,
     Product,
+    apply_readme,
     deployment,
     endpoint_values,
+    http_get,
     installed_product,
+    rolled_out,
     wait_for,
 )
+from tests.support.prometheus import ScrapeAuth, monitoring_crds, running_prometheus, scrape_config
 
 JSON = dict[str, Any]
 TOKEN = f"t_{uuid.uuid4().hex[:21]}"
@@ -421,6 +427,274 @@ def test_behind_a_forward_proxy_the_proxy_agent_and_watchdog_reach_a_private_ca_
             wait_for(lambda: agent_ready(product), 180, "the agent back on the plain sink")
             product.kubectl("delete", "configmap", "corp-ca", "-n", OPERATOR_NS)
             upstream.stop()
+
+
+FOR_SCALE = 30  # the shipped rules' `for` durations, divided by this in the Prometheus test
+
+
+def scaled_for(groups: list[JSON]) -> list[JSON]:
+    """The rule groups with every `for` divided by FOR_SCALE (at least 5 s): 10m becomes 20s,
+    so that an alert fires within a test. Expressions, labels and annotations are untouched."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    scaled: list[JSON] = json.loads(json.dumps(groups))
+    for rule in (r for g in scaled for r in g["rules"] if "for" in r):
+        amount, unit = re.fullmatch(r"(\d+)([smh])", rule["for"]).groups()  # type: ignore[union-attr]
+        rule["for"] = f"{max(5, int(amount) * units[unit] // FOR_SCALE)}s"
+    return scaled
+
+
+def test_a_real_prometheus_scrapes_every_component_and_fires_operator_down(
+    product: Product, tmp_path: Path
+) -> None:
+    """Issue 34, item 6. Debian's Prometheus, configured from the ServiceMonitor, PodMonitor and
+    PrometheusRule the chart installed (tests/support/prometheus.py plays the Prometheus
+    operator), scrapes the manager and the webhook (HTTPS, the token of a ServiceAccount the
+    chart binds to the metrics reader), the telemetry proxy and the cluster agent; all the
+    shipped rules load. Scaling the manager to zero fires LumigoOperatorDown."""
+    reader_ns = product.new_namespace("monitoring")
+    product.kubectl("create", "serviceaccount", "prometheus", "-n", reader_ns)
+    product.kubectl("apply", "-f", "-", input=monitoring_crds())
+    upgrade(product, "--set", "monitoring.serviceMonitor.enabled=true",
+            "--set", "monitoring.serviceMonitor.readerServiceAccount.name=prometheus",
+            "--set", f"monitoring.serviceMonitor.readerServiceAccount.namespace={reader_ns}",
+            "--set", "monitoring.podMonitor.enabled=true",
+            "--set", "monitoring.prometheusRule.enabled=true")  # fmt: skip
+    token = tmp_path / "token"
+    token.write_text(product.kubectl("create", "token", "prometheus", "-n", reader_ns).strip())
+    kubeconfig = product.cluster.kubeconfig
+    monitors = [m for kind in ("servicemonitors", "podmonitors")
+                for m in get_json(product.cluster, kind, "-n", OPERATOR_NS)["items"]]  # fmt: skip
+    jobs = [j for m in monitors for j in scrape_config(m, kubeconfig, ScrapeAuth(token))]
+    (rule,) = get_json(product.cluster, "prometheusrules", "-n", OPERATOR_NS)["items"]
+    shipped = rule["spec"]["groups"]
+    manager = f"{product.release.fullname}-controller-manager"
+    with running_prometheus(tmp_path / "prometheus", jobs, scaled_for(shipped)) as prometheus:
+
+        def up_by_component() -> dict[str, int]:
+            """Targets up, by Service (ServiceMonitor) or by pod component (PodMonitor)."""
+            seen: dict[str, int] = {}
+            for target in prometheus.targets():
+                component = target["labels"].get("service") or target["discoveredLabels"].get(
+                    "__meta_kubernetes_pod_label_app_kubernetes_io_component", "?"
+                )
+                seen[component] = seen.get(component, 0) + (target["health"] == "up")
+            return seen
+
+        wanted = {f"{manager}-metrics-service", "telemetry-proxy", "cluster-agent",
+                  f"{product.release.fullname}-webhook-metrics-service"}  # fmt: skip
+        try:
+            wait_for(lambda: all(up_by_component().get(w) for w in wanted), 120,
+                     "every component's target up")  # fmt: skip
+        except AssertionError as err:
+            raise AssertionError(f"{err}: {prometheus.targets()}") from err
+        shipped_names = {r["alert"] for g in shipped for r in g["rules"]}
+        wait_for(lambda: {r["name"] for r in prometheus.rules()} == shipped_names, 30,
+                 "every shipped rule loaded")  # fmt: skip
+        assert all(r["health"] != "err" for r in prometheus.rules()), prometheus.rules()
+        leader = 'leader_election_master_status{name="1447aab8.lumigo.io"} == 1'
+        wait_for(lambda: prometheus.query(leader), 60, "the manager's leader series")  # fmt: skip
+        firing = {a["labels"]["alertname"] for a in prometheus.alerts() if a["state"] == "firing"}
+        assert not firing & {"LumigoOperatorDown", "LumigoOperatorNoLeader",
+                             "LumigoTelemetryProxyDown"}, firing  # fmt: skip
+
+        def operator_down() -> bool:
+            return any(a["labels"]["alertname"] == "LumigoOperatorDown" and a["state"] == "firing"
+                       for a in prometheus.alerts())  # fmt: skip
+
+        fault = time.monotonic()
+        product.kubectl("scale", "deployment", manager, "-n", OPERATOR_NS, "--replicas=0")
+        try:
+            wait_for(operator_down, 180, "LumigoOperatorDown firing")
+            elapsed = time.monotonic() - fault
+            rule_for = next(r["for"] for g in scaled_for(shipped) for r in g["rules"]
+                            if r["alert"] == "LumigoOperatorDown")  # fmt: skip
+            print(f"LumigoOperatorDown: fault -> firing {elapsed:.1f} s with for={rule_for}")
+        finally:
+            product.kubectl("scale", "deployment", manager, "-n", OPERATOR_NS, "--replicas=1")
+            product.kubectl("rollout", "status", "deployment", manager, "-n", OPERATOR_NS,
+                            "--timeout=180s")  # fmt: skip
+        wait_for(lambda: not operator_down(), 120, "LumigoOperatorDown resolved")
+    upgrade(product, "--set", "monitoring.serviceMonitor.enabled=false",
+            "--set", "monitoring.podMonitor.enabled=false",
+            "--set", "monitoring.prometheusRule.enabled=false")  # fmt: skip
+
+
+# Run in a pod: a TCP relay from :8080 to argv[1]:argv[2] (the "internet" in front of the sink).
+RELAY = """
+import socket, sys, threading
+target = (sys.argv[1], int(sys.argv[2]))
+def pipe(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+server = socket.create_server(("", 8080))
+while True:
+    client, _ = server.accept()
+    try:
+        upstream = socket.create_connection(target, timeout=5)
+    except OSError:
+        client.close()
+        continue
+    for a, b in ((client, upstream), (upstream, client)):
+        threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+"""
+SLEEP = "import time\nwhile True: time.sleep(3600)\n"
+NP_APP_NS, NP_SCRAPER_NS, NP_INTERNET_NS = "np-app", "np-scraper", "np-internet"
+
+
+def default_deny(namespace: str) -> str:
+    spec = {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}
+    return json.dumps({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                       "metadata": {"name": "default-deny", "namespace": namespace},
+                       "spec": spec})  # fmt: skip
+
+
+def tenant_egress_to_the_proxy(namespace: str) -> str:
+    """What docs/operations.md tells a namespace that denies egress to add: its pods may send
+    OTLP to the telemetry proxy."""
+    rule = {"to": [{"namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": OPERATOR_NS}},
+                    "podSelector": {"matchLabels": {
+                        "app.kubernetes.io/component": "telemetry-proxy"}}}],
+            "ports": [{"protocol": "TCP", "port": 4318}]}  # fmt: skip
+    return json.dumps({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                       "metadata": {"name": "to-lumigo", "namespace": namespace},
+                       "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                                "egress": [rule]}})  # fmt: skip
+
+
+def python_pod(product: Product, namespace: str, name: str, script: str, *args: str) -> JSON:
+    """A pod of the python-app image running `script`; returned once Running with an IP."""
+    labels = {"app": name, "lumigo.auto-trace": "false"}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": namespace, "labels": labels},
+           "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+               "name": "main", "image": product.images["python-app"], "imagePullPolicy": "Never",
+               "command": ["python3", "-c", script, *args]}]}}  # fmt: skip
+    product.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    product.kubectl("wait", "pod", name, "-n", namespace, "--for=condition=Ready",
+                    "--timeout=120s")  # fmt: skip
+    running: JSON = get_json(product.cluster, "pod", name, "-n", namespace)
+    return running
+
+
+def flows(product: Product, pods: dict[str, tuple[str, str]],
+          targets: dict[str, str]) -> dict[tuple[str, str], bool]:  # fmt: skip
+    """(source, target) -> whether a TCP connection opened, for every source pod (name ->
+    (namespace, pod)) and target (name -> "ip:port")."""
+    seen = {}
+    for source, (namespace, pod) in pods.items():
+        result = connects(product.cluster, namespace, pod, list(targets.values()))
+        seen.update({(source, name): result[address] for name, address in targets.items()})
+    return seen
+
+
+def test_network_policies_allow_exactly_the_product_flows(product: Product) -> None:
+    """Issue 34, item 1. kube-network-policies enforces NetworkPolicy on the node; every
+    namespace of the test denies all ingress and egress. Without the chart's policies the
+    product's flows are cut; with them (networkPolicy.enabled, narrowed to this cluster's
+    addresses) exactly those flows are open and a traced request's span reaches the upstream
+    (a relay pod standing for the internet) through the telemetry proxy. Traffic to the node
+    itself (the API server, the kubelet, DNS: local processes here) and from its root processes
+    (the kubelet's probes, the API server's webhook calls) is never filtered by the enforcer,
+    as NetworkPolicy specifies for the node; the flows table says so."""
+    for namespace in (NP_APP_NS, NP_SCRAPER_NS, NP_INTERNET_NS):
+        product.new_namespace(namespace)
+    relay = python_pod(product, NP_INTERNET_NS, "relay", RELAY, product.node.node_ip,
+                       str(product.sink.port))  # fmt: skip
+    relay_address = f"{relay['status']['podIP']}:8080"
+    python_pod(product, NP_SCRAPER_NS, "scraper", SLEEP)
+    apply_readme(product, NP_APP_NS, TOKEN)
+    product.kubectl("apply", "-n", NP_APP_NS, "-f", "-",
+                    input=json.dumps(deployment("shop", product.images["python-app"])))  # fmt: skip
+    rolled_out(product, NP_APP_NS, "shop")
+    app = product.pods(NP_APP_NS, "app=shop")[0]["metadata"]["name"]
+
+    def current() -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+        """Sources (name -> (namespace, pod)) and targets (name -> ip:port) as the pods are now
+        (an upgrade replaces the proxy's and the manager's)."""
+        ips = {}
+        component = "app.kubernetes.io/component"
+        for name, selector in (("manager", "control-plane=controller-manager"),
+                               ("watchdog", f"{component}=watchdog"),
+                               ("proxy", f"{component}=telemetry-proxy")):  # fmt: skip
+            (pod,) = [p for p in product.pods(OPERATOR_NS, selector)
+                      if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+            ips[name] = (pod["metadata"]["name"], pod["status"]["podIP"])
+        sources = {"app": (NP_APP_NS, app), "scraper": (NP_SCRAPER_NS, "scraper"),
+                   "manager": (OPERATOR_NS, ips["manager"][0]),
+                   "watchdog": (OPERATOR_NS, ips["watchdog"][0])}  # fmt: skip
+        proxy, manager = ips["proxy"][1], ips["manager"][1]
+        targets = {"proxy otlp": f"{proxy}:4318", "proxy health": f"{proxy}:13133",
+                   "proxy metrics": f"{proxy}:8888", "manager metrics": f"{manager}:8080",
+                   "manager health": f"{manager}:8081", "upstream": relay_address}  # fmt: skip
+        return sources, targets
+
+    def now() -> dict[tuple[str, str], bool]:
+        return flows(product, *current())
+
+    open_before = now()
+    assert all(open_before.values()), open_before
+    # The product's flows, and the ones the other namespaces' own policies open (the scraper's
+    # namespace lets it out; the relay's has no policy); every other pair must be refused.
+    ours = {"proxy otlp", "proxy health", "proxy metrics", "manager metrics", "manager health"}
+    wanted = ({("app", "proxy otlp"), ("watchdog", "upstream")}
+              | {("scraper", t) for t in ("proxy otlp", "proxy metrics", "manager metrics")}
+              | {("scraper", "upstream")}
+              | {(s, t) for s in ("manager", "watchdog") for t in ours})  # fmt: skip
+    with enforcing(product.cluster, product.node):
+        for namespace in (OPERATOR_NS, NP_APP_NS, NP_SCRAPER_NS):
+            product.kubectl("apply", "-f", "-", input=default_deny(namespace))
+        product.kubectl("apply", "-f", "-", input=tenant_egress_to_the_proxy(NP_APP_NS))
+        scraper_out = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                       "metadata": {"name": "scrape", "namespace": NP_SCRAPER_NS},
+                       "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                                "egress": [{}]}}  # fmt: skip
+        product.kubectl("apply", "-f", "-", input=json.dumps(scraper_out))
+        try:
+            denied = wait_for(
+                lambda: (f := now()) and {k for k, v in f.items() if v} == {("scraper", "upstream")}
+                and f, 60, "every flow cut by default-deny (but the scraper's to the internet)",
+            )  # fmt: skip
+            upgrade(product, *endpoint_values(f"http://{relay_address}"),
+                    "--set", "networkPolicy.enabled=true",
+                    "--set", f"networkPolicy.upstream.cidrs[0]={relay['status']['podIP']}/32",
+                    "--set", "networkPolicy.upstream.ports[0]=8080")  # fmt: skip
+            try:
+                allowed = wait_for(lambda: (f := now()) and {k for k, v in f.items() if v} == wanted
+                                   and f, 120, "exactly the product's flows open")  # fmt: skip
+            except AssertionError as err:
+                raise AssertionError(f"{err}: {now()}") from err
+            # End to end through the policies: a traced request's span reaches the upstream.
+            before = len(product.sink.spans())
+            wait_for(lambda: http_get(product, NP_APP_NS, app, "/")
+                     and [s for s in product.sink.spans()[before:]
+                          if s.resource.get("k8s.pod.name") == app],
+                     120, "the app's span through the proxy and the relay")  # fmt: skip
+            print_flows(open_before, denied, allowed)
+        finally:
+            for namespace in (OPERATOR_NS, NP_APP_NS, NP_SCRAPER_NS):
+                product.kubectl("delete", "networkpolicy", "--all", "-n", namespace)
+            upgrade(product, *endpoint_values(product.sink_url),
+                    "--set", "networkPolicy.enabled=false")  # fmt: skip
+    for namespace in (NP_APP_NS, NP_SCRAPER_NS, NP_INTERNET_NS):
+        product.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def print_flows(*tables: dict[tuple[str, str], bool]) -> None:
+    """The flows table of the closing note: no policy / default-deny / default-deny + ours."""
+    print("\n| source → target | no policy | default-deny | + chart policies |")
+    print("|---|---|---|---|")
+    for key in sorted(tables[0]):
+        marks = " | ".join("open" if t[key] else "refused" for t in tables)
+        print(f"| {key[0]} → {key[1]} | {marks} |")
 
 
 def test_turning_cluster_collection_off_removes_the_agent(product: Product) -> None:
