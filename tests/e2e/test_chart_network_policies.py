@@ -5,13 +5,24 @@ node by kube-network-policies in tests/node/test_cluster_collection.py."""
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controller.telemetry.agent import AgentTarget, agent_daemonset
 from tests.e2e.test_monitoring import selects
-from tests.support.packaging import CHART, find, helm, load_docs, render_chart
+from tests.support.packaging import (
+    CHART,
+    ROOT,
+    find,
+    helm,
+    load_docs,
+    load_file,
+    render_chart,
+    tool,
+)
 
 JSON = dict[str, Any]
 ON = {"networkPolicy": {"enabled": True}}
@@ -28,6 +39,12 @@ def templates(docs: list[JSON]) -> dict[str, JSON]:
     target = AgentTarget("lumigo-system", "agent", proxy["metadata"]["name"], "token")
     found["cluster-agent"] = agent_daemonset(target, proxy, "digest")["spec"]["template"]
     return found
+
+
+def kubectl_kustomize(directory: Path) -> list[JSON]:
+    out = subprocess.run([tool("kubectl"), "kustomize", str(directory)], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return load_docs(out)
 
 
 def policies(docs: list[JSON]) -> dict[str, JSON]:
@@ -110,3 +127,22 @@ def test_each_policy_is_valid_for_the_api(name: str) -> None:
             assert set(peer) & {"ipBlock", "namespaceSelector", "podSelector"}, peer
         for port in rule.get("ports", []):
             assert port["protocol"] in ("TCP", "UDP"), port
+
+
+def test_the_kustomize_copy_is_the_charts_and_selects_the_kustomize_pods() -> None:
+    """config/network-policy (opt-in for kustomize installs) has the chart's policies, and they
+    select the pods of the kustomize layout, whose labels differ from the chart's."""
+    chart = policies(load_docs(render_chart("lumigo", "lumigo-system", ON)))
+    copy = load_file(ROOT / "config" / "network-policy" / "network-policies.yaml")
+    assert policies(copy) == chart
+    rendered = kubectl_kustomize(ROOT / "config" / "default")
+    rendered += kubectl_kustomize(ROOT / "config" / "kube-state-metrics")
+    pods = {d["metadata"]["name"]: d["spec"]["template"] for d in rendered
+            if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet")}  # fmt: skip
+    assert len(pods) >= 5, sorted(pods)
+    for name, template in pods.items():
+        assert selects(chart["base"]["podSelector"], template["metadata"]["labels"]), name
+    webhook = pods["lumigo-lumigo-operator-webhook"]["metadata"]["labels"]
+    assert selects(chart["webhook"]["podSelector"], webhook)
+    proxy = pods["lumigo-lumigo-operator-telemetry-proxy"]["metadata"]["labels"]
+    assert selects(chart["telemetry-proxy"]["podSelector"], proxy)
