@@ -36,6 +36,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,7 @@ from tests.support.product import (
     rolled_out,
     wait_for,
 )
-from tests.support.prometheus import ScrapeAuth, monitoring_crds, running_prometheus, scrape_config
+from tests.support.prometheus import ScrapeAuth, monitoring_crds, running_prometheus, scrape_jobs
 
 JSON = dict[str, Any]
 TOKEN = f"t_{uuid.uuid4().hex[:21]}"
@@ -461,21 +462,23 @@ def test_a_real_prometheus_scrapes_every_component_and_fires_operator_down(
             "--set", "monitoring.prometheusRule.enabled=true")  # fmt: skip
     token = tmp_path / "token"
     token.write_text(product.kubectl("create", "token", "prometheus", "-n", reader_ns).strip())
-    kubeconfig = product.cluster.kubeconfig
     monitors = [m for kind in ("servicemonitors", "podmonitors")
                 for m in get_json(product.cluster, kind, "-n", OPERATOR_NS)["items"]]  # fmt: skip
-    jobs = [j for m in monitors for j in scrape_config(m, kubeconfig, ScrapeAuth(token))]
+    workdir = tmp_path / "prometheus"
+    workdir.mkdir()
+    jobs = [j for m in monitors for j in scrape_jobs(m, ScrapeAuth(token), workdir)]
     (rule,) = get_json(product.cluster, "prometheusrules", "-n", OPERATOR_NS)["items"]
     shipped = rule["spec"]["groups"]
     manager = f"{product.release.fullname}-controller-manager"
-    with running_prometheus(tmp_path / "prometheus", jobs, scaled_for(shipped)) as prometheus:
+    with running_prometheus(product.cluster, workdir, jobs, scaled_for(shipped)) as prometheus:
 
         def up_by_component() -> dict[str, int]:
             """Targets up, by Service (ServiceMonitor) or by pod component (PodMonitor)."""
             seen: dict[str, int] = {}
             for target in prometheus.targets():
-                component = target["labels"].get("service") or target["discoveredLabels"].get(
-                    "__meta_kubernetes_pod_label_app_kubernetes_io_component", "?"
+                labels = target["labels"]
+                component = labels.get("service") or next(
+                    c for c in ("telemetry-proxy", "cluster-agent", "?") if c in labels["pod"] + "?"
                 )
                 seen[component] = seen.get(component, 0) + (target["health"] == "up")
             return seen
@@ -588,14 +591,17 @@ def python_pod(product: Product, namespace: str, name: str, script: str, *args: 
 def flows(product: Product, pods: dict[str, tuple[str, str]],
           targets: dict[str, str]) -> dict[tuple[str, str], bool]:  # fmt: skip
     """(source, target) -> whether a TCP connection opened, for every source pod (name ->
-    (namespace, pod)) and target (name -> "ip:port")."""
-    seen = {}
-    for source, (namespace, pod) in pods.items():
-        result = connects(product.cluster, namespace, pod, list(targets.values()))
-        seen.update({(source, name): result[address] for name, address in targets.items()})
-    return seen
+    (namespace, pod)) and target (name -> "ip:port"); the sources probe side by side."""
+    with ThreadPoolExecutor(len(pods)) as pool:
+        results = dict(zip(pods, pool.map(
+            lambda where: connects(product.cluster, where[0], where[1], list(targets.values())),
+            pods.values(),
+        ), strict=True))  # fmt: skip
+    return {(source, name): results[source][address]
+            for source in pods for name, address in targets.items()}  # fmt: skip
 
 
+@pytest.mark.timeout(1200)  # two upgrades, each rolling the proxy and the agent
 def test_network_policies_allow_exactly_the_product_flows(product: Product) -> None:
     """Issue 34, item 1. kube-network-policies enforces NetworkPolicy on the node; every
     namespace of the test denies all ingress and egress. Without the chart's policies the
@@ -661,7 +667,7 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product) -> N
         try:
             denied = wait_for(
                 lambda: (f := now()) and {k for k, v in f.items() if v} == {("scraper", "upstream")}
-                and f, 60, "every flow cut by default-deny (but the scraper's to the internet)",
+                and f, 240, "every flow cut by default-deny (but the scraper's to the internet)",
             )  # fmt: skip
             upgrade(product, *endpoint_values(f"http://{relay_address}"),
                     "--set", "networkPolicy.enabled=true",
@@ -669,7 +675,7 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product) -> N
                     "--set", "networkPolicy.upstream.ports[0]=8080")  # fmt: skip
             try:
                 allowed = wait_for(lambda: (f := now()) and {k for k, v in f.items() if v} == wanted
-                                   and f, 120, "exactly the product's flows open")  # fmt: skip
+                                   and f, 300, "exactly the product's flows open")  # fmt: skip
             except AssertionError as err:
                 raise AssertionError(f"{err}: {now()}") from err
             # End to end through the policies: a traced request's span reaches the upstream.

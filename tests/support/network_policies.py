@@ -111,7 +111,7 @@ seen = {}
 for target in sys.argv[1:]:
     host, port = target.rsplit(":", 1)
     try:
-        socket.create_connection((host, int(port)), timeout=3).close()
+        socket.create_connection((host, int(port)), timeout=2).close()
         seen[target] = True
     except OSError:
         seen[target] = False

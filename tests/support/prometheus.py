@@ -1,8 +1,9 @@
 """A real Prometheus (Debian's `prometheus` package) that scrapes a test cluster the way the
 Prometheus operator would: it reads the chart's ServiceMonitor, PodMonitor and PrometheusRule
-objects from the API server and turns them into Prometheus's own configuration (Kubernetes
-service discovery through the cluster's kubeconfig, label keep-rules from the monitors'
-selectors, the operator's `namespace`/`service`/`pod`/`container` target labels).
+objects from the API server and turns them into Prometheus's own configuration (the monitors'
+selectors and ports, the operator's `namespace`/`service`/`pod`/`container` target labels).
+Debian's build has no Kubernetes service discovery: the targets are files this module rewrites
+from the API every 2 s, which Prometheus reloads (`file_sd_configs`).
 
 Only the parts of the monitoring.coreos.com schema the chart uses are translated; anything else
 in a monitor is an error here, so a chart change that this stand-in would ignore fails loudly.
@@ -12,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from envtest.cluster import LocalCluster
 
 JSON = dict[str, Any]
 
@@ -54,33 +57,58 @@ def monitoring_crds() -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
 
-def _sanitized(label: str) -> str:
-    """A Kubernetes label key as Prometheus's service discovery names it."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
-
-
-def _selector_rules(selector: JSON, meta: str) -> list[JSON]:
-    """Keep-rules for a label selector (matchLabels, matchExpressions with In)."""
-    rules = [{"source_labels": [f"{meta}_label_{_sanitized(k)}"], "regex": re.escape(v),
-              "action": "keep"} for k, v in selector.get("matchLabels", {}).items()]  # fmt: skip
-    for expr in selector.get("matchExpressions", []):
+def label_selector(selector: JSON) -> str:
+    """A LabelSelector (matchLabels, In expressions) in kubectl's `-l` syntax."""
+    terms = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
         if expr["operator"] != "In":
             raise ValueError(f"selector operator {expr['operator']} is not translated")
-        values = "|".join(re.escape(v) for v in expr["values"])
-        rules.append({"source_labels": [f"{meta}_label_{_sanitized(expr['key'])}"],
-                      "regex": f"(?:{values})", "action": "keep"})  # fmt: skip
-    return rules
+        terms.append(f"{expr['key']} in ({','.join(expr['values'])})")
+    return ",".join(terms)
 
 
-def _target_labels(service: bool) -> list[JSON]:
-    """The labels the Prometheus operator gives every target (the chart's alerts use them)."""
-    pairs = [("__meta_kubernetes_namespace", "namespace"),
-             ("__meta_kubernetes_pod_name", "pod"),
-             ("__meta_kubernetes_pod_container_name", "container")]  # fmt: skip
-    if service:
-        pairs += [("__meta_kubernetes_service_name", "service"),
-                  ("__meta_kubernetes_service_name", "job")]  # fmt: skip
-    return [{"source_labels": [source], "target_label": target} for source, target in pairs]
+def _get(cluster: LocalCluster, *args: str) -> list[JSON]:
+    items: list[JSON] = json.loads(cluster.kubectl("get", *args, "-o", "json"))["items"]
+    return items
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """One endpoint of a ServiceMonitor or PodMonitor, and where its targets are written."""
+
+    kind: str
+    namespace: str
+    selector: str
+    endpoint: JSON
+    targets_file: Path
+
+    def targets(self, cluster: LocalCluster) -> list[JSON]:
+        """Its targets now, with the labels the Prometheus operator gives them (the chart's
+        alerts use `service`, `pod` and `container`)."""
+        port, found = self.endpoint["port"], []
+        if self.kind == "PodMonitor":
+            for pod in _get(cluster, "pods", "-n", self.namespace, "-l", self.selector):
+                ip = pod["status"].get("podIP")
+                for c in pod["spec"]["containers"]:
+                    for p in c.get("ports") or []:
+                        if ip and p.get("name") == port:
+                            found.append({"targets": [f"{ip}:{p['containerPort']}"], "labels": {
+                                "namespace": self.namespace, "pod": pod["metadata"]["name"],
+                                "container": c["name"]}})  # fmt: skip
+            return found
+        for service in _get(cluster, "services", "-n", self.namespace, "-l", self.selector):
+            name = service["metadata"]["name"]
+            slices = _get(cluster, "endpointslices", "-n", self.namespace, "-l",
+                          f"kubernetes.io/service-name={name}")  # fmt: skip
+            for piece in slices:
+                numbers = [p["port"] for p in piece.get("ports") or [] if p.get("name") == port]
+                for endpoint, number in ((e, n) for e in piece.get("endpoints") or []
+                                         for n in numbers):  # fmt: skip
+                    pod = (endpoint.get("targetRef") or {}).get("name", "")
+                    found += [{"targets": [f"{ip}:{number}"], "labels": {
+                        "namespace": self.namespace, "service": name, "job": name, "pod": pod}}
+                        for ip in endpoint["addresses"]]  # fmt: skip
+        return found
 
 
 @dataclass(frozen=True)
@@ -90,43 +118,61 @@ class ScrapeAuth:
     token_file: Path
 
 
-def scrape_config(monitor: JSON, kubeconfig: Path, auth: ScrapeAuth) -> list[JSON]:
-    """One scrape job per endpoint of a ServiceMonitor or PodMonitor."""
+def scrape_jobs(monitor: JSON, auth: ScrapeAuth, workdir: Path) -> list[tuple[JSON, Monitor]]:
+    """One scrape job per endpoint of a ServiceMonitor or PodMonitor. Debian builds Prometheus
+    without Kubernetes service discovery, so targets come from files (`file_sd_configs`) that
+    `running_prometheus` keeps current from the API, as the discovery would."""
     kind, meta, spec = monitor["kind"], monitor["metadata"], monitor["spec"]
-    service = kind == "ServiceMonitor"
-    endpoints = spec["endpoints"] if service else spec["podMetricsEndpoints"]
-    sd_meta = "__meta_kubernetes_service" if service else "__meta_kubernetes_pod"
-    port_label = ("__meta_kubernetes_endpoint_port_name" if service
-                  else "__meta_kubernetes_pod_container_port_name")  # fmt: skip
+    endpoints = spec["endpoints"] if kind == "ServiceMonitor" else spec["podMetricsEndpoints"]
     jobs = []
     for index, endpoint in enumerate(endpoints):
         unknown = set(endpoint) - {"port", "path", "scheme", "interval", "bearerTokenFile",
                                    "tlsConfig"}  # fmt: skip
         if unknown:
             raise ValueError(f"{kind} endpoint fields not translated: {sorted(unknown)}")
+        name = f"{kind.lower()}/{meta['namespace']}/{meta['name']}/{index}"
+        source = Monitor(kind, meta["namespace"], label_selector(spec["selector"]), endpoint,
+                         workdir / f"{name.replace('/', '_')}.json")  # fmt: skip
         job: JSON = {
-            "job_name": f"{kind.lower()}/{meta['namespace']}/{meta['name']}/{index}",
+            "job_name": name,
             "scrape_interval": SCRAPE_INTERVAL,  # the tests' pace, not the monitor's 30 s
             "metrics_path": endpoint.get("path", "/metrics"),
             "scheme": endpoint.get("scheme", "http"),
-            "kubernetes_sd_configs": [{
-                "role": "endpoints" if service else "pod",
-                "kubeconfig_file": str(kubeconfig),
-                "namespaces": {"names": [meta["namespace"]]},
-            }],
-            "relabel_configs": [
-                *_selector_rules(spec["selector"], sd_meta),
-                {"source_labels": [port_label], "regex": re.escape(endpoint["port"]),
-                 "action": "keep"},
-                *_target_labels(service),
-            ],
+            "file_sd_configs": [{"files": [str(source.targets_file)], "refresh_interval": "5s"}],
         }  # fmt: skip
         if "bearerTokenFile" in endpoint:
             job["authorization"] = {"type": "Bearer", "credentials_file": str(auth.token_file)}
         if endpoint.get("tlsConfig", {}).get("insecureSkipVerify"):
             job["tls_config"] = {"insecure_skip_verify": True}
-        jobs.append(job)
+        jobs.append((job, source))
     return jobs
+
+
+def _write_targets(cluster: LocalCluster, monitors: list[Monitor]) -> None:
+    for monitor in monitors:
+        staged = monitor.targets_file.with_suffix(".tmp")
+        staged.write_text(json.dumps(monitor.targets(cluster)))
+        staged.replace(monitor.targets_file)  # atomic: Prometheus never reads half a file
+
+
+@contextlib.contextmanager
+def _discovering(cluster: LocalCluster, monitors: list[Monitor]) -> Iterator[None]:
+    """Rewrite every monitor's targets file every 2 s while inside."""
+    _write_targets(cluster, monitors)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(2):
+            with contextlib.suppress(Exception):  # a transient API error: next round
+                _write_targets(cluster, monitors)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 def _free_port() -> int:
@@ -162,10 +208,10 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def running_prometheus(workdir: Path, scrape_configs: list[JSON],
+def running_prometheus(cluster: LocalCluster, workdir: Path, jobs: list[tuple[JSON, Monitor]],
                        rule_groups: list[JSON]) -> Iterator[Prometheus]:  # fmt: skip
     """Prometheus with these jobs and rule groups (checked by promtool first), on a free
-    loopback port; stopped and its data removed afterwards."""
+    loopback port, its targets kept current; stopped and its data removed afterwards."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("no prometheus binary: hack/install-system-deps installs Debian's")
@@ -176,10 +222,14 @@ def running_prometheus(workdir: Path, scrape_configs: list[JSON],
     config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "5s"},
         "rule_files": [str(rules)],
-        "scrape_configs": scrape_configs,
+        "scrape_configs": [job for job, _ in jobs],
     }))  # fmt: skip
-    subprocess.run(["promtool", "check", "config", str(config)], check=True,
-                   capture_output=True, text=True)  # fmt: skip
+    monitors = [monitor for _, monitor in jobs]
+    _write_targets(cluster, monitors)
+    check = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True,
+                           text=True)  # fmt: skip
+    if check.returncode != 0:
+        raise RuntimeError(f"promtool check config: {check.stdout}{check.stderr}")
     port = _free_port()
     log = (workdir / "prometheus.log").open("w")
     process = subprocess.Popen(
@@ -198,7 +248,8 @@ def running_prometheus(workdir: Path, scrape_configs: list[JSON],
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError((workdir / "prometheus.log").read_text()[-2000:]) from None
                 time.sleep(0.2)
-        yield server
+        with _discovering(cluster, monitors):
+            yield server
     finally:
         process.terminate()
         process.wait(timeout=30)
