@@ -626,14 +626,24 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product) -> N
     def current() -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
         """Sources (name -> (namespace, pod)) and targets (name -> ip:port) as the pods are now
         (an upgrade replaces the proxy's and the manager's)."""
-        ips = {}
         component = "app.kubernetes.io/component"
-        for name, selector in (("manager", "control-plane=controller-manager"),
-                               ("watchdog", f"{component}=watchdog"),
-                               ("proxy", f"{component}=telemetry-proxy")):  # fmt: skip
-            (pod,) = [p for p in product.pods(OPERATOR_NS, selector)
-                      if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
-            ips[name] = (pod["metadata"]["name"], pod["status"]["podIP"])
+        selectors = {
+            "manager": "control-plane=controller-manager",
+            "watchdog": f"{component}=watchdog",
+            "proxy": f"{component}=telemetry-proxy",
+        }
+
+        def settled() -> dict[str, tuple[str, str]] | None:
+            """Each component's one pod, once no rollout is under way."""
+            found = {}
+            for name, selector in selectors.items():
+                pods = product.pods(OPERATOR_NS, selector)
+                if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
+                    return None
+                found[name] = (pods[0]["metadata"]["name"], pods[0]["status"].get("podIP", ""))
+            return found
+
+        ips = wait_for(settled, 180, "one pod of each component")
         sources = {"app": (NP_APP_NS, app), "scraper": (NP_SCRAPER_NS, "scraper"),
                    "manager": (OPERATOR_NS, ips["manager"][0]),
                    "watchdog": (OPERATOR_NS, ips["watchdog"][0])}  # fmt: skip
