@@ -91,9 +91,13 @@ def enforcing(cluster: LocalCluster, node: LocalNode) -> Iterator[None]:
     node.import_image(enforcer_image())
     cluster.kubectl("apply", "-f", "-", input=_manifests(node.name))
     try:
-        cluster.kubectl("wait", "pod", NAME, "-n", NAMESPACE, "--for=condition=Ready",
-                        "--timeout=120s")  # fmt: skip
-        wait_until(_programmed, 60, "the enforcer's nftables table")
+        try:
+            cluster.kubectl("wait", "pod", NAME, "-n", NAMESPACE, "--for=condition=Ready",
+                            "--timeout=120s")  # fmt: skip
+            wait_until(_programmed, 60, "the enforcer's nftables table")
+        except Exception as err:
+            logs = cluster.kubectl("logs", NAME, "-n", NAMESPACE, "--tail=60", check=False)
+            raise AssertionError(f"{err}; the enforcer's log:\n{logs}") from err
         yield
     finally:
         cluster.kubectl("delete", "pod", NAME, "-n", NAMESPACE, "--ignore-not-found",
