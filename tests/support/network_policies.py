@@ -42,7 +42,7 @@ def enforcer_image() -> Path:
     return cached_archive(IMAGE, hashlib.sha256(binary).digest(), build)
 
 
-def _manifests(node: str) -> str:
+def _manifests(node: str, apiserver_port: int) -> str:
     rules = [
         {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes"],
          "verbs": ["get", "list", "watch"]},
@@ -62,6 +62,10 @@ def _manifests(node: str) -> str:
                          "--netfilter-bug-1766-fix=false",
                          f"--metrics-bind-address={METRICS_ADDRESS}", "-v=2"],
                 "securityContext": {"privileged": True},
+                # On the node's network the Service IP is not translated (the node's DNAT is for
+                # pods), and this API server listens on the node's loopback.
+                "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+                        {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}],
             }],
         },
     }  # fmt: skip
@@ -89,7 +93,7 @@ def _programmed() -> bool:
 def enforcing(cluster: LocalCluster, node: LocalNode) -> Iterator[None]:
     """NetworkPolicies enforced on `node` while inside; none afterwards (table removed)."""
     node.import_image(enforcer_image())
-    cluster.kubectl("apply", "-f", "-", input=_manifests(node.name))
+    cluster.kubectl("apply", "-f", "-", input=_manifests(node.name, cluster.apiserver_port))
     try:
         try:
             cluster.kubectl("wait", "pod", NAME, "-n", NAMESPACE, "--for=condition=Ready",
