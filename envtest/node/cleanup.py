@@ -147,9 +147,6 @@ IPTABLES_TABLES = {"filter", "nat", "mangle", "raw", "security"}
 OUR_CHAINS = ("KUBE-", "CNI-")  # the kubelet's canaries, kube-proxy's and the CNI plugins'
 
 
-NETWORK_POLICY_TABLE = "kube-network-policies"  # the enforcer's table (its default name)
-
-
 def nft_tables() -> list[list[str]]:
     """[family, name] of every nftables table on the machine."""
     out = sh("nft", "-j", "list", "tables")
@@ -161,12 +158,9 @@ def _delete_node_rules(tables_before: list[list[str]]) -> None:
     """kube-proxy's nftables tables, and the KUBE-*/CNI-* iptables chains (kubelet canaries,
     portmap) with the rules that jump to them; iptables tables that did not exist before the
     node started and are now empty are deleted too, so the ruleset is as it was."""
-    # (A NetworkPolicy enforcer killed before its own clean-up, tests/support/network_policies.py,
-    # would leave a queue nobody reads: every new pod connection dropped.)
-    for family, table in (("ip", "kube-proxy"), ("ip6", "kube-proxy"),
-                          ("inet", NETWORK_POLICY_TABLE)):  # fmt: skip
-        if [family, table] in nft_tables():
-            sh("nft", "delete", "table", family, table, check=True)
+    for family in ("ip", "ip6"):
+        if [family, "kube-proxy"] in nft_tables():
+            sh("nft", "delete", "table", family, "kube-proxy", check=True)
     out = sh("nft", "-j", "list", "ruleset")
     items = json.loads(out.stdout or "{}").get("nftables", []) if out.returncode == 0 else []
     rules = [i["rule"] for i in items if "rule" in i]

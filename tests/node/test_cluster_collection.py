@@ -602,15 +602,15 @@ def flows(product: Product, pods: dict[str, tuple[str, str]],
 
 
 @pytest.mark.timeout(1200)  # two upgrades, each rolling the proxy and the agent
-def test_network_policies_allow_exactly_the_product_flows(product: Product) -> None:
-    """Issue 34, item 1. kube-network-policies enforces NetworkPolicy on the node; every
+def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_path: Path) -> None:
+    """Issue 34, item 1. kube-router's policy controller enforces NetworkPolicy on the node; every
     namespace of the test denies all ingress and egress. Without the chart's policies the
     product's flows are cut; with them (networkPolicy.enabled, narrowed to this cluster's
     addresses) exactly those flows are open and a traced request's span reaches the upstream
     (a relay pod standing for the internet) through the telemetry proxy. Traffic to the node
-    itself (the API server, the kubelet, DNS: local processes here) and from its root processes
-    (the kubelet's probes, the API server's webhook calls) is never filtered by the enforcer,
-    as NetworkPolicy specifies for the node; the flows table says so."""
+    itself (the API server, the kubelet, DNS: local processes here) and from it (the kubelet's
+    probes, the API server's webhook calls) is not filtered, as NetworkPolicy specifies for a
+    pod's node; the flows table says so."""
     for namespace in (NP_APP_NS, NP_SCRAPER_NS, NP_INTERNET_NS):
         product.new_namespace(namespace)
     relay = python_pod(product, NP_INTERNET_NS, "relay", RELAY, product.node.node_ip,
@@ -665,7 +665,7 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product) -> N
               | {("scraper", t) for t in ("proxy otlp", "proxy metrics", "manager metrics")}
               | {("scraper", "upstream")}
               | {(s, t) for s in ("manager", "watchdog") for t in ours})  # fmt: skip
-    with enforcing(product.cluster, product.node):
+    with enforcing(product.cluster, product.node, tmp_path):
         for namespace in (OPERATOR_NS, NP_APP_NS, NP_SCRAPER_NS):
             product.kubectl("apply", "-f", "-", input=default_deny(namespace))
         product.kubectl("apply", "-f", "-", input=tenant_egress_to_the_proxy(NP_APP_NS))

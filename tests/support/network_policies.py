@@ -1,8 +1,11 @@
-"""NetworkPolicy enforcement on the real node: SIG Network's kube-network-policies (built by
-`hack/install-tools node` from its Go module) as a hostNetwork pod, the way its own manifests
-install it. It sends the first packet of every connection to or from a pod to an nfqueue and
-drops it unless the pod's NetworkPolicies allow it; the node's root processes (the kubelet's
-probes, the API server of this single-machine cluster) are never filtered.
+"""NetworkPolicy enforcement on the real node: kube-router's network policy controller (built by
+`hack/install-tools node` from its Go module), run beside the kubelet as a process of the node,
+with routing, the service proxy and its CNI off. It programs iptables (nftables underneath) and
+ipsets from the API's NetworkPolicies, pods and namespaces, as it does as a DaemonSet.
+
+SIG Network's kube-network-policies was the first choice: it sends connections to an nfqueue with
+nftables' `queue` statement, which this machine's kernel lacks (CONFIG_NFT_QUEUE is not set: "Could
+not process rule: No such file or directory"), so nothing could be enforced.
 
 Also: a pod that tries TCP connections and says which succeeded, for the flows table.
 """
@@ -10,106 +13,70 @@ Also: a pod that tries TCP connections and says which succeeded, for the flows t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from envtest.cluster import LocalCluster
-from envtest.node.cleanup import NETWORK_POLICY_TABLE, nft_tables
 from envtest.node.localnode import LocalNode
-from envtest.ociimage import Entry, ImageConfig, cached_archive, docker_archive, layer
 from envtest.process import wait_until
 from tests.support.packaging import tool
 
-JSON = dict[str, Any]
-IMAGE = "localhost/lumigo/kube-network-policies:v0.8.0-local"
-NAMESPACE, NAME = "kube-system", "kube-network-policies"
-METRICS_ADDRESS = "127.0.0.1:19080"  # hostNetwork: on the node's loopback
+SERVICE_RANGE = "10.0.0.0/24"  # LocalCluster's --service-cluster-ip-range
 
 
-def enforcer_image() -> Path:
-    """The enforcer's static binary as the only file of an image (a docker-archive tar)."""
-    binary = Path(tool("kube-network-policies")).read_bytes()
-
-    def build() -> bytes:
-        entry = Entry("/kube-network-policies", data=binary, mode=0o755)
-        config = ImageConfig(entrypoint=["/kube-network-policies"], env=())
-        return docker_archive(IMAGE, [layer([entry])], config)
-
-    return cached_archive(IMAGE, hashlib.sha256(binary).digest(), build)
-
-
-def _manifests(node: str, apiserver_port: int) -> str:
-    rules = [
-        {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes"],
-         "verbs": ["get", "list", "watch"]},
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
-         "verbs": ["list", "watch"]},
-    ]  # fmt: skip
-    pod = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": {"app": NAME}},
-        "spec": {
-            "nodeName": node, "hostNetwork": True, "serviceAccountName": NAME,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{
-                "name": "enforcer", "image": IMAGE, "imagePullPolicy": "Never",
-                "args": [f"--hostname-override={node}", "--disable-nri",
-                         # The kernel here (6.12+) has the conntrack fix.
-                         "--netfilter-bug-1766-fix=false",
-                         f"--metrics-bind-address={METRICS_ADDRESS}", "-v=2"],
-                "securityContext": {"privileged": True},
-                # On the node's network the Service IP is not translated (the node's DNAT is for
-                # pods), and this API server listens on the node's loopback.
-                "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                        {"name": "KUBERNETES_SERVICE_PORT", "value": str(apiserver_port)}],
-            }],
-        },
-    }  # fmt: skip
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": NAME},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NAME},
-        "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
-    }  # fmt: skip
-    items = [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": NAME, "namespace": NAMESPACE}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": NAME}, "rules": rules},
-        binding, pod,
-    ]  # fmt: skip
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _programmed() -> bool:
-    return ["inet", NETWORK_POLICY_TABLE] in nft_tables()
+    """kube-router's policy chains are in the filter table."""
+    out = subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True)
+    return "KUBE-ROUTER-FORWARD" in out.stdout
+
+
+def _cleanup(binary: str) -> None:
+    """kube-router's own clean-up: its chains and ipsets removed."""
+    subprocess.run([binary, "--cleanup-config", "--run-router=false",
+                    "--run-service-proxy=false"], capture_output=True, timeout=120)  # fmt: skip
 
 
 @contextlib.contextmanager
-def enforcing(cluster: LocalCluster, node: LocalNode) -> Iterator[None]:
-    """NetworkPolicies enforced on `node` while inside; none afterwards (table removed)."""
-    node.import_image(enforcer_image())
-    cluster.kubectl("apply", "-f", "-", input=_manifests(node.name, cluster.apiserver_port))
+def enforcing(cluster: LocalCluster, node: LocalNode, workdir: Path) -> Iterator[None]:
+    """NetworkPolicies enforced on `node` while inside; none afterwards."""
+    binary = tool("kube-router")
+    health = _free_port()
+    log_path = workdir / "kube-router.log"
+    log = log_path.open("w")
+    process = subprocess.Popen(
+        [binary, f"--kubeconfig={cluster.kubeconfig}", f"--hostname-override={node.name}",
+         "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+         "--enable-cni=false", f"--service-cluster-ip-range={SERVICE_RANGE}",
+         f"--health-port={health}", "--iptables-sync-period=10s", "-v=1"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
     try:
         try:
-            cluster.kubectl("wait", "pod", NAME, "-n", NAMESPACE, "--for=condition=Ready",
-                            "--timeout=120s")  # fmt: skip
-            wait_until(_programmed, 60, "the enforcer's nftables table")
+            wait_until(lambda: process.poll() is not None or _programmed(), 90,
+                       "kube-router's iptables chains")  # fmt: skip
+            if process.poll() is not None:
+                raise RuntimeError(f"kube-router exited {process.returncode}")
         except Exception as err:
-            logs = cluster.kubectl("logs", NAME, "-n", NAMESPACE, "--tail=60", check=False)
-            raise AssertionError(f"{err}; the enforcer's log:\n{logs}") from err
+            raise AssertionError(f"{err}; its log:\n{log_path.read_text()[-4000:]}") from err
         yield
     finally:
-        cluster.kubectl("delete", "pod", NAME, "-n", NAMESPACE, "--ignore-not-found",
-                        "--timeout=60s", check=False)  # fmt: skip
-        cluster.kubectl("delete", "clusterrolebinding,clusterrole", NAME, "--ignore-not-found",
-                        check=False)  # fmt: skip
-        if _programmed():  # it removes its table when stopped; make sure
-            subprocess.run(["nft", "delete", "table", "inet", NETWORK_POLICY_TABLE], check=False)
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+        _cleanup(binary)
 
 
 # Run in a pod: one TCP connection per "host:port" argument; prints {"host:port": bool}.
@@ -127,11 +94,10 @@ print(json.dumps(seen))
 """
 
 
-def connects(cluster: LocalCluster, namespace: str, pod: str, targets: list[str],
-             container: str | None = None) -> dict[str, bool]:  # fmt: skip
+def connects(
+    cluster: LocalCluster, namespace: str, pod: str, targets: list[str]
+) -> dict[str, bool]:
     """Which of `targets` ("host:port") a pod with python3 can open a TCP connection to."""
-    where = ["-c", container] if container else []
-    out = cluster.kubectl("exec", "-n", namespace, pod, *where, "--", "python3", "-c", PROBE,
-                          *targets)  # fmt: skip
+    out = cluster.kubectl("exec", "-n", namespace, pod, "--", "python3", "-c", PROBE, *targets)
     result: dict[str, bool] = json.loads(out.strip().splitlines()[-1])
     return result
