@@ -675,10 +675,16 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_
                                 "egress": [{}]}}  # fmt: skip
         product.kubectl("apply", "-f", "-", input=json.dumps(scraper_out))
         try:
-            denied = wait_for(
-                lambda: (f := now()) and {k for k, v in f.items() if v} == {("scraper", "upstream")}
-                and f, 240, "every flow cut by default-deny (but the scraper's to the internet)",
-            )  # fmt: skip
+            try:
+                denied = wait_for(
+                    lambda: (f := now()) and {k for k, v in f.items() if v}
+                    == {("scraper", "upstream")} and f,
+                    240, "every flow cut by default-deny (but the scraper's to the internet)",
+                )  # fmt: skip
+            except AssertionError as err:
+                still = sorted(k for k, v in now().items() if v)
+                log = (tmp_path / "kube-router.log").read_text()[-3000:]
+                raise AssertionError(f"{err}: open {still}; kube-router:\n{log}") from err
             upgrade(product, *endpoint_values(f"http://{relay_address}"),
                     "--set", "networkPolicy.enabled=true",
                     "--set", f"networkPolicy.upstream.cidrs[0]={relay['status']['podIP']}/32",
