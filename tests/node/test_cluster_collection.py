@@ -624,6 +624,9 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_
                     input=json.dumps(deployment("shop", product.images["python-app"])))  # fmt: skip
     rolled_out(product, NP_APP_NS, "shop")
     app = product.pods(NP_APP_NS, "app=shop")[0]["metadata"]["name"]
+    api_ip = get_json(product.cluster, "service", "kubernetes", "-n", "default")["spec"][
+        "clusterIP"
+    ]
 
     def current() -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
         """Sources (name -> (namespace, pod)) and targets (name -> ip:port) as the pods are now
@@ -652,7 +655,8 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_
         proxy, manager = ips["proxy"][1], ips["manager"][1]
         targets = {"proxy otlp": f"{proxy}:4318", "proxy health": f"{proxy}:13133",
                    "proxy metrics": f"{proxy}:8888", "manager metrics": f"{manager}:8080",
-                   "manager health": f"{manager}:8081", "upstream": relay_address}  # fmt: skip
+                   "manager health": f"{manager}:8081", "upstream": relay_address,
+                   "api server": f"{api_ip}:443"}  # fmt: skip
         return sources, targets
 
     def now() -> dict[tuple[str, str], bool]:
@@ -665,7 +669,8 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_
     ours = {"proxy otlp", "proxy health", "proxy metrics", "manager metrics", "manager health"}
     wanted = ({("app", "proxy otlp"), ("watchdog", "upstream")}
               | {("scraper", t) for t in ("proxy otlp", "proxy metrics", "manager metrics")}
-              | {("scraper", "upstream")}
+              | {("scraper", "upstream"), ("scraper", "api server")}
+              | {("manager", "api server"), ("watchdog", "api server")}
               | {(s, t) for s in ("manager", "watchdog") for t in ours
                  if t.split()[0] != s})  # fmt: skip
     with enforcing(product.cluster, product.node, tmp_path):
@@ -681,7 +686,7 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_
             try:
                 denied = wait_for(
                     lambda: (f := now()) and {k for k, v in f.items() if v}
-                    == {("scraper", "upstream")} and f,
+                    == {("scraper", "upstream"), ("scraper", "api server")} and f,
                     240, "every flow cut by default-deny (but the scraper's to the internet)",
                 )  # fmt: skip
             except AssertionError as err:
@@ -691,7 +696,12 @@ def test_network_policies_allow_exactly_the_product_flows(product: Product, tmp_
             upgrade(product, *endpoint_values(f"http://{relay_address}"),
                     "--set", "networkPolicy.enabled=true",
                     "--set", f"networkPolicy.upstream.cidrs[0]={relay['status']['podIP']}/32",
-                    "--set", "networkPolicy.upstream.ports[0]=8080")  # fmt: skip
+                    "--set", "networkPolicy.upstream.ports[0]=8080",
+                    # This node sends the API Service to the API server on its own loopback
+                    # port, and its kubelet listens on a port of its own.
+                    "--set", f"networkPolicy.apiServer.ports[0]={product.cluster.apiserver_port}",
+                    "--set", f"networkPolicy.kubeletPorts[0]={product.node.kubelet_port}",
+            )  # fmt: skip
             try:
                 allowed = wait_for(lambda: (f := now()) and {k for k, v in f.items() if v} == wanted
                                    and f, 300, "exactly the product's flows open")  # fmt: skip
