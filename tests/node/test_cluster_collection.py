@@ -561,16 +561,17 @@ def default_deny(namespace: str) -> str:
 
 def tenant_egress_to_the_proxy(namespace: str) -> str:
     """What docs/operations.md tells a namespace that denies egress to add: its pods may send
-    OTLP to the telemetry proxy."""
+    OTLP to the telemetry proxy (by name: DNS too)."""
     rule = {"to": [{"namespaceSelector": {"matchLabels": {
                         "kubernetes.io/metadata.name": OPERATOR_NS}},
                     "podSelector": {"matchLabels": {
                         "app.kubernetes.io/component": "telemetry-proxy"}}}],
             "ports": [{"protocol": "TCP", "port": 4318}]}  # fmt: skip
+    dns = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
     return json.dumps({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                        "metadata": {"name": "to-lumigo", "namespace": namespace},
                        "spec": {"podSelector": {}, "policyTypes": ["Egress"],
-                                "egress": [rule]}})  # fmt: skip
+                                "egress": [rule, dns]}})  # fmt: skip
 
 
 def python_pod(product: Product, namespace: str, name: str, script: str, *args: str) -> JSON:
