@@ -119,9 +119,9 @@ class InitContainerResources:
     operator's copy containers) and 2 (memory), which common LimitRanges' `maxLimitRequestRatio`
     allow (the earlier 10m/500m, a ratio of 50, was refused by them). The request stays small
     because for a pod that requests nothing it is the pod's whole request: 125m made a 2-CPU
-    node refuse pods it ran before. The CPU limit sets the copy's speed: on the real node the ~99 MB copy took
-    12 s at 500m and 26 s at 200m (bench/product_node.py), so the request rose rather than the
-    limit fell. The memory limit leaves headroom for the page cache of the copy, which OOM-killed
+    node refuse pods it ran before. The CPU limit sets the copy's speed: on the real node the
+    ~99 MB copy took 12 s at 500m and 26 s at 200m (bench/product_node.py), so the limit stays.
+    The memory limit leaves headroom for the page cache of the copy, which OOM-killed
     other vendors' copy containers at 32-64Mi (OpenTelemetry operator #3479, Datadog's move to
     128Mi). An init container's request counts only against the pod's effective request (the
     max over init containers and the sum of the others). When every other container of the pod
