@@ -14,23 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 from envtest.cluster import LocalCluster
 from envtest.node.localnode import LocalNode
-from envtest.process import wait_until
+from envtest.process import free_port, wait_until
 from tests.support.packaging import tool
 
 SERVICE_RANGE = "10.0.0.0/24"  # LocalCluster's --service-cluster-ip-range
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _programmed() -> bool:
@@ -49,7 +42,7 @@ def _cleanup(binary: str) -> None:
 def enforcing(cluster: LocalCluster, node: LocalNode, workdir: Path) -> Iterator[None]:
     """NetworkPolicies enforced on `node` while inside; none afterwards."""
     binary = tool("kube-router")
-    health = _free_port()
+    health = free_port()
     log_path = workdir / "kube-router.log"
     log = log_path.open("w")
     process = subprocess.Popen(

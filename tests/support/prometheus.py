@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import yaml
 
 from envtest.cluster import LocalCluster
+from envtest.process import free_port
 
 JSON = dict[str, Any]
 
@@ -157,8 +157,7 @@ def _write_targets(cluster: LocalCluster, monitors: list[Monitor]) -> None:
 
 @contextlib.contextmanager
 def _discovering(cluster: LocalCluster, monitors: list[Monitor]) -> Iterator[None]:
-    """Rewrite every monitor's targets file every 2 s while inside."""
-    _write_targets(cluster, monitors)
+    """Rewrite every monitor's targets file every 2 s while inside (written once before)."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -173,12 +172,6 @@ def _discovering(cluster: LocalCluster, monitors: list[Monitor]) -> Iterator[Non
     finally:
         stop.set()
         thread.join(timeout=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:
@@ -230,7 +223,7 @@ def running_prometheus(cluster: LocalCluster, workdir: Path, jobs: list[tuple[JS
                            text=True)  # fmt: skip
     if check.returncode != 0:
         raise RuntimeError(f"promtool check config: {check.stdout}{check.stderr}")
-    port = _free_port()
+    port = free_port()
     log = (workdir / "prometheus.log").open("w")
     process = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
